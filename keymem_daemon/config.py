@@ -1,0 +1,297 @@
+"""Settings: every ``KEYMEM_*`` variable is read here and nowhere else.
+
+``Settings.from_env(os.environ)`` builds one frozen value; tests pass a plain dict.
+A malformed value fails at start-up naming the variable and the value. The table
+``VARIABLES`` holds each variable's default and meaning; the README documents every
+entry (a test checks it). This module imports only the standard library, because the
+shim and the CLI's ``status``/``stop`` import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from keymem_daemon.errors import ConfigError
+
+ToolSurface = Literal["default", "full"]
+RerankMode = Literal["auto", "true", "false"]
+
+_TRUE: Final = {"1", "true", "yes", "on"}
+_FALSE: Final = {"0", "false", "no", "off"}
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean (use true or false)")
+
+
+def parse_duration(name: str, raw: str) -> float:
+    """Seconds, optionally with a unit suffix: ``90``, ``90s``, ``15m``, ``1h``, ``2d``."""
+    text = raw.strip().lower()
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    scale = 1.0
+    if text and text[-1] in units:
+        scale = units[text[-1]]
+        text = text[:-1]
+    try:
+        value = float(text) * scale
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a duration (seconds, or 15m, 1h, 2d)") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={raw!r} must be a finite duration >= 0")
+    return value
+
+
+def _number(kind: Callable[[str], Any], low: float | None = None, high: float | None = None) -> Any:
+    def parse(name: str, raw: str) -> Any:
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name}={raw!r} must be finite")
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+            raise ConfigError(f"{name}={raw!r} must be within {bounds}")
+        return value
+
+    return parse
+
+
+def _choice(*options: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ConfigError(f"{name}={raw!r} must be one of: {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _text(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _path(name: str, raw: str) -> Path:
+    if not raw.strip():
+        raise ConfigError(f"{name} is set but empty")
+    return Path(raw.strip()).expanduser().resolve()
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """One environment variable: the Settings field it sets, its parser and its meaning."""
+
+    env: str
+    field: str
+    parse: Callable[[str, str], Any]
+    default: str
+    help: str
+
+
+# The one table of variables and defaults. ``default`` is what the README shows.
+VARIABLES: Final[tuple[Variable, ...]] = (
+    Variable("KEYMEM_DATA_DIR", "data_dir", _path, "~/.keymem",
+             "Data directory: keymem.db, daemon.json, logs/, backups/, models/, namespaces.json."),
+    Variable("KEYMEM_PORT", "port", _number(int, 0, 65535), "0",
+             "Daemon port on 127.0.0.1; 0 picks a free port, published in daemon.json."),
+    Variable("KEYMEM_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info",
+             "Daemon log level (logs/daemon.log)."),
+    Variable("KEYMEM_TOOLS", "tools", _choice("default", "full"), "default",
+             "Tool surface: the ten default tools, or full (adds related, list_memories, "
+             "memory_stats, cleanup_expired, recall_memories and the transcript tools)."),
+    Variable("KEYMEM_TRANSCRIPT_ACCESS", "transcript_access", _choice("auto", "true", "false"), "auto",
+             "Host transcript tools (full surface only): auto = for requests from an identified "
+             "local host; false always wins."),
+    Variable("KEYMEM_HOOK_INSTALLED", "hook_installed", parse_bool, "false",
+             "The prompt hook is installed: instructions defer to surfaced memories."),
+    Variable("KEYMEM_CLEANUP_INTERVAL", "cleanup_interval", parse_duration, "1h",
+             "TTL cleanup and learned-alias pruning period (also run at start)."),
+    Variable("KEYMEM_BACKUP_INTERVAL", "backup_interval", parse_duration, "1d",
+             "Online SQLite backup period; 0 disables backups."),
+    Variable("KEYMEM_BACKUP_KEEP", "backup_keep", _number(int, 1, 1000), "7",
+             "How many backups to keep under <data>/backups."),
+    Variable("KEYMEM_IDLE_EXIT", "idle_exit", parse_duration, "0",
+             "Exit after this long without requests; 0 = never."),
+    Variable("KEYMEM_MAX_BODY_BYTES", "max_body_bytes", _number(int, 1024, 1 << 30), "4194304",
+             "Largest accepted HTTP request body."),
+    Variable("KEYMEM_MAX_CONTENT_CHARS", "max_content_chars", _number(int, 16, 1_000_000), "20000",
+             "Longest memory content accepted by remember/correct."),
+    Variable("KEYMEM_EMBED_MODEL", "embed_model", _text, "use-multilingual-v3",
+             "Embedder: use-multilingual-v3 (embedded, offline), bge-m3 (downloaded once), or a "
+             "local ONNX model directory (model.onnx + tokenizer.json)."),
+    Variable("KEYMEM_EMBED_MODEL_PATH", "embed_model_path", _path, "<data>/models/<model>",
+             "Directory holding the ONNX embedder's files (missing files are fetched)."),
+    Variable("KEYMEM_EMBED_THREADS", "embed_threads", _number(int, 1, 64), "min(4, cores)",
+             "Threads for embedding inference."),
+    Variable("KEYMEM_RERANK", "rerank", _choice("auto", "true", "false"), "auto",
+             "Cross-encoder reranker: auto = use it when cached, fetch it in the background; "
+             "true = fetch and use it; false = fused ranking only."),
+    Variable("KEYMEM_RERANK_MODEL_PATH", "rerank_model_path", _path, "<data>/models/bge-reranker-v2-m3",
+             "Directory holding the reranker's files."),
+    Variable("KEYMEM_RERANK_POOL", "rerank_pool", _number(int, 2, 200), "30",
+             "Candidates rescored by the reranker."),
+    Variable("KEYMEM_RERANK_THREADS", "rerank_threads", _number(int, 1, 64), "min(4, cores)",
+             "Threads for reranker inference."),
+    Variable("KEYMEM_HF_ENDPOINT", "hf_endpoint", _text, "(huggingface-hub default)",
+             "Model hub address for downloads (HF_ENDPOINT is honoured too)."),
+    Variable("KEYMEM_DOWNLOAD_TIMEOUT", "download_timeout", parse_duration, "10",
+             "Seconds to wait for the model hub to answer before giving up."),
+    Variable("KEYMEM_AUTO_MIGRATE", "auto_migrate", parse_bool, "true",
+             "Re-embed all keys (after a backup) when the embedder changes; false refuses to start."),
+    Variable("KEYMEM_KEY_RECALL", "key_recall", _number(float, 0.0, 1.0), "(embedder profile)",
+             "Cosine at which a query term reaches a concept key."),
+    Variable("KEYMEM_KEY_MERGE", "key_merge", _number(float, 0.0, 1.0), "(embedder profile)",
+             "Cosine at which a new long concept key joins an existing key as an alias."),
+    Variable("KEYMEM_SHORT_KEY_MERGE", "short_key_merge", _number(float, 0.0, 1.0), "(embedder profile)",
+             "Cosine at which a new short (1-2 word) concept key joins an existing key."),
+    Variable("KEYMEM_KEY_HUB_MIN_LINKS", "hub_min_links", _number(int, 2, 1_000_000), "3",
+             "Memories a key needs (in a namespace) to count as a hub."),
+    Variable("KEYMEM_AUTOKEY", "autokey", parse_bool, "true",
+             "Learn aliases from queries confirmed by read_memory."),
+    Variable("KEYMEM_AUTOKEY_PROMOTE_N", "autokey_promote_n", _number(int, 1, 1000), "3",
+             "Confirmations before a query becomes an alias or key."),
+    Variable("KEYMEM_AUTOKEY_CONFIRM_FLOOR", "autokey_confirm_floor", _number(float, 0.0, 1.0), "0.45",
+             "Lowest query-to-key cosine that alias learning considers."),
+    Variable("KEYMEM_AUTOKEY_MAX_ALIASES", "autokey_max_aliases", _number(int, 0, 1000), "8",
+             "Learned aliases per key."),
+    Variable("KEYMEM_AUTOKEY_PRUNE_AGE", "autokey_prune_age", parse_duration, "30d",
+             "A learned alias never hit for this long is pruned."),
+    Variable("KEYMEM_DECAY_TRANSIENT_DAYS", "decay_transient_days", _number(float, 1e-6), "7",
+             "Freshness half-life of transient memories."),
+    Variable("KEYMEM_DECAY_STANDARD_DAYS", "decay_standard_days", _number(float, 1e-6), "90",
+             "Freshness half-life of standard memories."),
+    Variable("KEYMEM_DECAY_STABLE_DAYS", "decay_stable_days", _number(float, 1e-6), "365",
+             "Freshness half-life of stable memories."),
+    Variable("KEYMEM_AUTO_CONFIRM", "auto_confirm", parse_bool, "true",
+             "recall confirms a memory whose text equals the passed context exactly."),
+    Variable("KEYMEM_TASK_EVIDENCE_SELECTION", "task_evidence", parse_bool, "true",
+             "Comparison queries pick evidence for each named entity."),
+    Variable("KEYMEM_INJECT_MAX_CHARS", "inject_max_chars", _number(int, 256, 20000), "2000",
+             "Default size of the block the prompt hook receives."),
+    Variable("KEYMEM_INJECT_MIN_REL", "inject_min_rel", _number(float, 0.0, 1.0), "0.6",
+             "Relevance floor for memories pushed into a prompt."),
+    Variable("KEYMEM_RELATED_LIMIT", "related_limit", _number(int, 1, 1000), "20",
+             "Most neighbours the related tool returns."),
+    Variable("KEYMEM_AUTOSTART", "autostart", parse_bool, "true",
+             "The shim and the hook start the daemon when none answers."),
+    Variable("KEYMEM_START_TIMEOUT", "start_timeout", parse_duration, "20",
+             "How long keymemd start (and the shim) wait for the daemon to listen."),
+)
+
+
+def _default_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The daemon's configuration. Build it with ``Settings.from_env``; fields are final."""
+
+    data_dir: Path = field(default_factory=lambda: Path("~/.keymem").expanduser())
+    port: int = 0
+    log_level: str = "info"
+    tools: ToolSurface = "default"
+    transcript_access: Literal["auto", "true", "false"] = "auto"
+    hook_installed: bool = False
+    cleanup_interval: float = 3600.0
+    backup_interval: float = 86400.0
+    backup_keep: int = 7
+    idle_exit: float = 0.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_content_chars: int = 20000
+    embed_model: str = "use-multilingual-v3"
+    embed_model_path: Path | None = None
+    embed_threads: int = field(default_factory=_default_threads)
+    rerank: RerankMode = "auto"
+    rerank_model_path: Path | None = None
+    rerank_pool: int = 30
+    rerank_threads: int = field(default_factory=_default_threads)
+    hf_endpoint: str = ""
+    download_timeout: float = 10.0
+    auto_migrate: bool = True
+    key_recall: float | None = None
+    key_merge: float | None = None
+    short_key_merge: float | None = None
+    hub_min_links: int = 3
+    autokey: bool = True
+    autokey_promote_n: int = 3
+    autokey_confirm_floor: float = 0.45
+    autokey_max_aliases: int = 8
+    autokey_prune_age: float = 30 * 86400.0
+    decay_transient_days: float = 7.0
+    decay_standard_days: float = 90.0
+    decay_stable_days: float = 365.0
+    auto_confirm: bool = True
+    task_evidence: bool = True
+    inject_max_chars: int = 2000
+    inject_min_rel: float = 0.6
+    related_limit: int = 20
+    autostart: bool = True
+    start_timeout: float = 20.0
+    # Host transcript roots (CLAUDE_CONFIG_DIR / CODEX_HOME); not KEYMEM_ variables.
+    claude_dir: Path = field(default_factory=lambda: Path("~/.claude").expanduser())
+    codex_dir: Path = field(default_factory=lambda: Path("~/.codex").expanduser())
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
+        """Read every variable of ``VARIABLES`` from ``environ``; ``overrides`` win (CLI flags)."""
+        values: dict[str, Any] = {}
+        for var in VARIABLES:
+            raw = environ.get(var.env)
+            if raw is not None and raw.strip() != "":
+                values[var.field] = var.parse(var.env, raw)
+        if not values.get("hf_endpoint") and environ.get("HF_ENDPOINT"):
+            values["hf_endpoint"] = environ["HF_ENDPOINT"].strip()
+        home = Path(environ.get("HOME") or Path.home())
+        values.setdefault("data_dir", (home / ".keymem").resolve())
+        values["claude_dir"] = Path(environ.get("CLAUDE_CONFIG_DIR") or home / ".claude")
+        values["codex_dir"] = Path(environ.get("CODEX_HOME") or home / ".codex")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    # Paths derived from the data dir, in one place.
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "keymem.db"
+
+    @property
+    def info_path(self) -> Path:
+        return self.data_dir / "daemon.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / "daemon.lock"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / "daemon.log"
+
+    @property
+    def backup_dir(self) -> Path:
+        return self.data_dir / "backups"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def namespaces_path(self) -> Path:
+        return self.data_dir / "namespaces.json"

@@ -1,0 +1,1409 @@
+"""The memory graph: keys and memories linked N:M, on SQLite, with every write operation.
+
+``MemoryGraph`` owns the store, the in-memory key index and body-vector table, and the
+embedder. Each write (remember, correct, confirm, dismiss, forget, a read's reinforcement,
+cleanup, import) is one ``Store.write`` transaction; the in-memory tables change in its
+after-commit step. Embeddings are computed before the transaction starts, so the writer
+thread never waits for a model. Retrieval (recall, hybrid recall, the push path) lives in
+``retrieval.py`` and reads through the same graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from keymem_daemon.config import Settings
+from keymem_daemon.engine import autokey
+from keymem_daemon.engine.autokey import PromotionRule, RecallBuffer
+from keymem_daemon.engine.freshness import (
+    HalfLives,
+    Validity,
+    freshness,
+    parse_decay_profile,
+    rank_factor,
+    validity,
+)
+from keymem_daemon.engine.keys import (
+    ENTITY_TYPES,
+    FEW_KEYS_NOTE,
+    KEY_TYPES,
+    LANGUAGE_NOTE,
+    PHRASE_NOTE,
+    PHRASE_TOKENS,
+    KeyIndex,
+    KeyInfo,
+    KeyType,
+    PendingKey,
+    cross_script,
+    language_uniform,
+    sanitize_keys,
+    script_of,
+)
+from keymem_daemon.engine.model import (
+    BatchItem,
+    BatchResult,
+    BrowseResult,
+    CleanupResult,
+    ConfirmResult,
+    CorrectResult,
+    DismissResult,
+    ForgetResult,
+    Handle,
+    Hints,
+    KeyRef,
+    KeyView,
+    LinkedKey,
+    ListedMemory,
+    ListResult,
+    Memory,
+    MemoryView,
+    NewMemory,
+    ReadKeyResult,
+    ReadMemoryResult,
+    Redacted,
+    RelatedItem,
+    RememberResult,
+    Replayed,
+    Stats,
+    dumps,
+)
+from keymem_daemon.engine.redact import redact
+from keymem_daemon.engine.store import Store, Tx
+from keymem_daemon.engine.text import Analyzer, default_analyzer, normalize, normalize_namespace
+from keymem_daemon.engine.vectors import VectorTable
+from keymem_daemon.errors import InvalidInput, NotFound, Refused, StoreError
+from keymem_daemon.models.embedders import Embedder, ThresholdProfile
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+LINK_DEFAULT: Final = 1.0
+LINK_MIN: Final = 0.1
+LINK_MAX: Final = 3.0
+REINFORCE: Final = 0.1
+HOP_REINFORCE: Final = 0.05
+EXPLORED_DECAY: Final = 0.005
+DISMISS: Final = 0.3
+CORRECT_PENALTY: Final = 0.15
+CONFIRM_DEPTH: Final = 0.05
+DEEP_DEPTH: Final = 0.7
+EVIDENCE_KINDS: Final = ("user", "authoritative_source", "observation")
+ID_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
+
+_MEMORY_COLUMNS: Final = (
+    "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
+    "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
+    "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
+)
+ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at > ?)"
+
+
+def new_id() -> str:
+    return secrets.token_hex(6)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _json_or_none(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    value = json.loads(text)
+    return value if isinstance(value, dict) else None
+
+
+def memory_from_row(row: sqlite3.Row) -> Memory:
+    return Memory(
+        rowid=row["rowid"],
+        id=row["id"],
+        content=row["content"],
+        namespace=row["namespace"],
+        depth=row["depth"],
+        access_count=row["access_count"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        last_accessed=row["last_accessed"],
+        observed_at=row["observed_at"],
+        last_confirmed_at=row["last_confirmed_at"],
+        confirmation_count=row["confirmation_count"],
+        decay_profile=row["decay_profile"],
+        last_confirmation_evidence=row["last_confirmation_evidence"],
+        last_confirmation_source=_json_or_none(row["last_confirmation_source"]),
+        last_confirmation_id=row["last_confirmation_id"],
+        expires_at=row["expires_at"],
+        supersedes=row["supersedes"],
+        superseded_by=row["superseded_by"],
+        source=_json_or_none(row["source"]),
+    )
+
+
+def get_memory(conn: sqlite3.Connection, memory_id: str) -> Memory | None:
+    row = conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
+    return None if row is None else memory_from_row(row)
+
+
+def get_memories(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Memory]:
+    out: dict[str, Memory] = {}
+    batch = list(dict.fromkeys(ids))
+    for start in range(0, len(batch), 500):
+        chunk = batch[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        for row in conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
+            out[row["id"]] = memory_from_row(row)
+    return out
+
+
+def dedup_hash(content: str) -> str:
+    return hashlib.sha256(normalize(content).encode()).hexdigest()[:32]
+
+
+def clamp_weight(weight: float) -> float:
+    return min(LINK_MAX, max(LINK_MIN, weight))
+
+
+def vector_bytes(vector: npt.NDArray[np.floating]) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def vector_from(blob: bytes) -> npt.NDArray[np.float32]:
+    return np.frombuffer(blob, dtype=np.float32)
+
+
+def parse_observed_at(value: object, *, field: str = "observed_at") -> float | None:
+    """An ISO-8601 date or datetime, or epoch seconds; naive times are taken as UTC."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidInput(f"{field} must be an ISO-8601 date/time or epoch seconds", field=field)
+    if isinstance(value, int | float):
+        if not np.isfinite(value) or value < 0:
+            raise InvalidInput(f"{field} must be a finite, non-negative epoch time", field=field)
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidInput(
+                f"{field} is not an ISO-8601 date/time: {text[:40]!r} (e.g. 2023-05-08 or "
+                "2023-05-08T13:56:00Z)", field=field) from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        return parsed.timestamp()
+    raise InvalidInput(f"{field} must be an ISO-8601 date/time or epoch seconds", field=field)
+
+
+def effective_profile(profile: ThresholdProfile, settings: Settings) -> ThresholdProfile:
+    """The embedder's calibrated profile with any KEYMEM_* overrides applied."""
+    changes = {
+        name: getattr(settings, name)
+        for name in ("key_recall", "key_merge", "short_key_merge")
+        if getattr(settings, name) is not None
+    }
+    if not changes:
+        return profile
+    from dataclasses import replace
+
+    return replace(profile, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """Who is calling: the host agent, its session, its turn and cwd (from request headers)."""
+
+    agent: str | None = None
+    session: str | None = None
+    turn: int | None = None
+    cwd: str | None = None
+
+    @property
+    def confirmation_id(self) -> str | None:
+        if self.agent and self.session:
+            return f"{self.agent}:{self.session}:{self.turn if self.turn is not None else 0}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCounts:
+    """Active memories of each key in a namespace (None = every namespace)."""
+
+    counts: dict[str, int]
+
+    def get(self, key_id: str) -> int:
+        return self.counts.get(key_id, 0)
+
+
+class MemoryGraph:
+    """The engine. Thread-safe: writes go through the store's writer, reads are snapshots."""
+
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder,
+        settings: Settings,
+        *,
+        clock: Clock = time.time,
+        analyzer: Analyzer | None = None,
+        reranker: Any = None,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.settings = settings
+        self.clock = clock
+        self.analyzer = analyzer or default_analyzer()
+        self.reranker = reranker
+        self.profile = effective_profile(embedder.profile, settings)
+        self.lives = HalfLives(settings.decay_transient_days, settings.decay_standard_days,
+                               settings.decay_stable_days)
+        self.keys = KeyIndex(embedder.dim)
+        self.bodies = VectorTable(embedder.dim)
+        self._namespace_codes: dict[str, int] = {}
+        self.buffer = RecallBuffer(clock)
+        self.promotion = PromotionRule(
+            promote_n=settings.autokey_promote_n,
+            alias_at=self.profile.short_key_merge,
+            new_key_at=self.profile.key_autolink,
+            confirm_floor=settings.autokey_confirm_floor,
+            max_aliases=settings.autokey_max_aliases,
+        )
+        # Identifies this daemon run in each memory's provenance.
+        self.instance = str(uuid.uuid4())
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        embedder: Embedder,
+        settings: Settings,
+        *,
+        clock: Clock = time.time,
+        analyzer: Analyzer | None = None,
+        reranker: Any = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> MemoryGraph:
+        store = Store.open(path, backup_dir=settings.backup_dir)
+        try:
+            graph = cls(store, embedder, settings, clock=clock, analyzer=analyzer, reranker=reranker)
+            graph._ensure_embedding_space(progress)
+            graph._load_indexes()
+        except BaseException:
+            store.close()
+            raise
+        return graph
+
+    def close(self) -> None:
+        self.store.close()
+
+    def namespace_code(self, namespace: str) -> int:
+        code = self._namespace_codes.get(namespace)
+        if code is None:
+            code = self._namespace_codes[namespace] = len(self._namespace_codes) + 1
+        return code
+
+    def _load_indexes(self) -> None:
+        started = time.perf_counter()
+
+        def load(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], dict[str, int], list[Any]]:
+            keys = conn.execute("SELECT id, concept, compact, key_type, vector FROM keys").fetchall()
+            aliases = conn.execute("SELECT key_id, alias, compact FROM aliases ORDER BY added_at").fetchall()
+            counts = dict(conn.execute("SELECT key_id, COUNT(*) FROM links GROUP BY key_id").fetchall())
+            bodies = conn.execute(
+                "SELECT id, namespace, vector FROM memories WHERE superseded_by IS NULL AND vector IS NOT NULL"
+            ).fetchall()
+            return keys, aliases, counts, bodies
+
+        keys, aliases, counts, bodies = self.store.read(load)
+        by_key: dict[str, list[tuple[str, str]]] = {}
+        for row in aliases:
+            by_key.setdefault(row["key_id"], []).append((row["alias"], row["compact"]))
+        for row in keys:
+            alias_rows = by_key.get(row["id"], [])
+            info = KeyInfo(
+                id=row["id"], concept=row["concept"], key_type=row["key_type"], compact=row["compact"],
+                aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
+                link_count=counts.get(row["id"], 0),
+            )
+            self.keys.put(info, vector_from(row["vector"]))
+        for row in bodies:
+            self.bodies.upsert(row["id"], vector_from(row["vector"]), self.namespace_code(row["namespace"]))
+        logger.info("loaded %d keys and %d memory vectors in %.2f s", len(keys), len(bodies),
+                    time.perf_counter() - started)
+
+    def _ensure_embedding_space(self, progress: Callable[[str, int, int], None] | None) -> None:
+        """Stamp a new store with the embedder's fingerprint; re-embed when it changed."""
+        stored = self.store.read(lambda c: dict(c.execute("SELECT name, value FROM meta").fetchall()))
+        fingerprint = stored.get("embedder_fingerprint")
+        if fingerprint == self.embedder.fingerprint:
+            return
+        count = self.store.read(lambda c: c.execute("SELECT COUNT(*) FROM keys").fetchone()[0])
+        if fingerprint is not None and count:
+            if not self.settings.auto_migrate:
+                raise StoreError(
+                    f"the store was embedded with {fingerprint} but the embedder is now "
+                    f"{self.embedder.fingerprint}; set KEYMEM_AUTO_MIGRATE=true to re-embed its "
+                    f"{count} keys once (a backup is taken first), or switch the model back"
+                )
+            self._reembed(fingerprint, progress)
+        self.store.write(lambda tx: self._set_meta(tx.conn, {
+            "embedder_fingerprint": self.embedder.fingerprint, "embedder_dim": str(self.embedder.dim)}))
+
+    def _reembed(self, old: str, progress: Callable[[str, int, int], None] | None) -> None:
+        tag = re.sub(r"[^A-Za-z0-9._-]", "_", old)
+        backup = self.settings.backup_dir / f"keymem-before-reembed-{tag}-{int(self.clock())}.db"
+        self.store.backup_to(backup)
+        logger.info("embedder changed (%s -> %s): backed up to %s, re-embedding",
+                    old, self.embedder.fingerprint, backup)
+        keys = self.store.read(lambda c: c.execute("SELECT id, concept FROM keys").fetchall())
+        mems = self.store.read(lambda c: c.execute(
+            "SELECT id, content FROM memories WHERE vector IS NOT NULL").fetchall())
+        total = len(keys) + len(mems)
+        done = 0
+        for kind, rows, table, column in (("keys", keys, "keys", "concept"),
+                                          ("memories", mems, "memories", "content")):
+            for start in range(0, len(rows), 256):
+                chunk = rows[start:start + 256]
+                vectors = self.embedder.embed([r[column] for r in chunk])
+                pairs = [(vector_bytes(v), r["id"]) for r, v in zip(chunk, vectors)]
+
+                def update(tx: Tx, pairs: list[tuple[bytes, str]] = pairs, table: str = table) -> None:
+                    tx.conn.executemany(f"UPDATE {table} SET vector = ? WHERE id = ?", pairs)
+
+                self.store.write(update)
+                done += len(chunk)
+                if progress is not None:
+                    progress(kind, done, total)
+            logger.info("re-embedded %d %s", len(rows), kind)
+
+    @staticmethod
+    def _set_meta(conn: sqlite3.Connection, values: Mapping[str, str]) -> None:
+        conn.executemany("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)", list(values.items()))
+
+    # -- small shared reads ---------------------------------------------------------------
+
+    def validity_of(self, memory: Memory) -> Validity:
+        return validity(memory.decay_profile, memory.last_confirmed_at, memory.confirmation_count,
+                        self.clock(), self.lives)
+
+    def rank_factor_of(self, memory: Memory, now: float) -> float:
+        return rank_factor(freshness(memory.decay_profile, memory.last_confirmed_at, now, self.lives))
+
+    def key_counts(self, conn: sqlite3.Connection, key_ids: Iterable[str], namespace: str | None,
+                   now: float) -> KeyCounts:
+        ids = list(dict.fromkeys(key_ids))
+        counts: dict[str, int] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            sql = (f"SELECT l.key_id, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
+                   f"WHERE l.key_id IN ({marks}) AND {ACTIVE}")
+            params: list[Any] = [*chunk, now]
+            if namespace is not None:
+                sql += " AND m.namespace = ?"
+                params.append(namespace)
+            counts.update(conn.execute(sql + " GROUP BY l.key_id", params).fetchall())
+        return KeyCounts(counts)
+
+    def key_view(self, info: KeyInfo, count: int, learned: Sequence[str] = ()) -> KeyView:
+        return KeyView(
+            key_id=info.id, concept=info.concept, aliases=list(info.aliases),
+            learned_aliases=list(learned), key_type=info.key_type, memory_count=count,
+            is_hub=count >= self.settings.hub_min_links,
+            specificity=round(1.0 / count, 3) if count else 0.0,
+        )
+
+    def learned_aliases(self, conn: sqlite3.Connection, key_id: str) -> list[str]:
+        return [r[0] for r in conn.execute(
+            "SELECT alias FROM aliases WHERE key_id = ? AND learned = 1 ORDER BY added_at", (key_id,))]
+
+    def idf(self, key_id: str) -> float:
+        """1 for a key on one memory, 1/n on n (all namespaces, history included); entities
+        count half, since a name key says who, not what."""
+        info = self.keys.get(key_id)
+        if info is None:
+            return 0.0
+        value = 1.0 if info.link_count <= 1 else 1.0 / info.link_count
+        return value * 0.5 if info.is_entity else value
+
+    def batch_siblings(self, conn: sqlite3.Connection, memory: Memory, now: float) -> list[str] | None:
+        batch = memory.batch_id
+        if batch is None:
+            return None
+        rows = conn.execute(
+            f"SELECT m.id FROM memories m WHERE json_extract(m.source, '$.batch_id') = ? AND m.id != ? "
+            f"AND m.namespace = ? AND {ACTIVE}", (batch, memory.id, memory.namespace, now)).fetchall()
+        return [r[0] for r in rows] or None
+
+    def related_ids(self, conn: sqlite3.Connection, memory_id: str) -> list[str]:
+        return [r[0] for r in conn.execute(
+            "SELECT to_id FROM relations WHERE from_id = ? ORDER BY to_id", (memory_id,))]
+
+    def resolve_namespace(self, namespace: object, *, field: str = "namespace") -> str | None:
+        if namespace is None:
+            return None
+        if not isinstance(namespace, str):
+            raise InvalidInput(f"{field} must be a string", field=field)
+        return normalize_namespace(namespace) if namespace.strip() else None
+
+    def active_memory(self, conn: sqlite3.Connection, memory_id: str, namespace: str | None,
+                      now: float) -> Memory:
+        """The memory, if it is active and in ``namespace``; ``NotFound``/``Refused`` otherwise."""
+        memory = get_memory(conn, memory_id) if isinstance(memory_id, str) else None
+        if memory is None or memory.expired(now) or (namespace is not None and memory.namespace != namespace):
+            raise NotFound(f"Memory {memory_id} not found")
+        if memory.superseded_by is not None:
+            raise Refused(f"Memory {memory_id} was superseded by {memory.superseded_by}")
+        return memory
+
+    # -- provenance -----------------------------------------------------------------------
+
+    def stamp(self, tool: str, host: Host | None, caller: Mapping[str, Any] | None,
+              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``{session, tool, saved_at, [host_*], ...}``; the caller's own fields win."""
+        source: dict[str, Any] = {"session": self.instance, "tool": tool, "saved_at": iso(self.clock())}
+        if host is not None and host.agent and host.session:
+            source.update(host_agent=host.agent, host_session=host.session, host_turn=host.turn or 0)
+        if extra:
+            source.update(extra)
+        if caller:
+            source.update(caller)
+        return source
+
+    # -- validation of write requests -----------------------------------------------------
+
+    def prepare(
+        self,
+        *,
+        content: object,
+        keys: object,
+        key_types: object = None,
+        namespace: object = None,
+        ttl_seconds: object = None,
+        decay_profile: object = None,
+        related_to: object = None,
+        source: object = None,
+        observed_at: object = None,
+        require_keys: bool = True,
+    ) -> NewMemory:
+        """Validate one write request; every failure names its field and changes nothing."""
+        if not isinstance(content, str):
+            raise InvalidInput("content must be a string", field="content")
+        if not content.strip():
+            raise InvalidInput("content is empty", field="content")
+        if len(content) > self.settings.max_content_chars:
+            raise InvalidInput(
+                f"content is {len(content)} characters; the limit is {self.settings.max_content_chars} "
+                "(store the gist, or split it into several memories)", field="content")
+        clean, found = redact(content)
+        sanitized = sanitize_keys(keys) if keys is not None else None
+        if sanitized is not None:
+            clean_keys = [redact(k)[0] for k in sanitized.keys]
+        else:
+            clean_keys = []
+        if require_keys and not clean_keys:
+            raise Refused(
+                "keys required: no usable key survived sanitizing (need 1+ CJK character, or 2+ "
+                "characters otherwise). Nothing was saved -- a keyless memory can never be recalled.")
+        types: dict[str, KeyType] = {}
+        if key_types is not None:
+            if isinstance(key_types, str):
+                try:
+                    key_types = json.loads(key_types)
+                except json.JSONDecodeError:
+                    raise InvalidInput("key_types is not a JSON object", field="key_types") from None
+            if not isinstance(key_types, dict):
+                raise InvalidInput("key_types must be an object mapping a key to its type", field="key_types")
+            norms = {normalize(k): k for k in clean_keys}
+            for name, kind in key_types.items():
+                if kind not in KEY_TYPES:
+                    raise InvalidInput(f"key_types[{name!r}] must be one of {', '.join(KEY_TYPES)}",
+                                       field="key_types")
+                target = norms.get(normalize(str(name)))
+                if target is not None:
+                    types[target] = kind
+        ns = normalize_namespace(namespace if isinstance(namespace, str) else None)
+        if namespace is not None and not isinstance(namespace, str):
+            raise InvalidInput("namespace must be a string", field="namespace")
+        ttl = None
+        if ttl_seconds is not None:
+            if isinstance(ttl_seconds, str):
+                try:
+                    ttl_seconds = float(ttl_seconds)
+                except ValueError:
+                    raise InvalidInput("ttl_seconds must be a number of seconds", field="ttl_seconds") from None
+            if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float) \
+                    or not np.isfinite(ttl_seconds):
+                raise InvalidInput("ttl_seconds must be a finite number of seconds", field="ttl_seconds")
+            ttl = float(ttl_seconds)
+        profile = parse_decay_profile(decay_profile)
+        related: list[str] = []
+        if related_to is not None:
+            if isinstance(related_to, str):
+                try:
+                    related_to = json.loads(related_to) if related_to.strip().startswith("[") else [related_to]
+                except json.JSONDecodeError:
+                    raise InvalidInput("related_to is not a JSON array", field="related_to") from None
+            if not isinstance(related_to, list) or not all(isinstance(r, str) for r in related_to):
+                raise InvalidInput("related_to must be an array of memory ids", field="related_to")
+            related = list(dict.fromkeys(related_to))
+        if source is not None:
+            if isinstance(source, str):
+                try:
+                    source = json.loads(source)
+                except json.JSONDecodeError:
+                    raise InvalidInput("source is not a JSON object", field="source") from None
+            if not isinstance(source, dict):
+                raise InvalidInput("source must be an object", field="source")
+            if len(json.dumps(source)) > 4000:
+                raise InvalidInput("source is larger than 4000 characters", field="source")
+        return NewMemory(
+            content=clean, keys=clean_keys, key_types=types, namespace=ns, ttl_seconds=ttl,
+            decay_profile=profile, related_to=related, source=source,  # type: ignore[arg-type]
+            observed_at=parse_observed_at(observed_at), redacted=[Redacted(r.kind, r.count) for r in found],
+            dropped_keys=sanitized.dropped if sanitized is not None else [],
+        )
+
+    # -- writes: remember -----------------------------------------------------------------
+
+    def remember(self, request: NewMemory, *, host: Host | None = None,
+                 idempotency_key: str | None = None) -> RememberResult | Replayed:
+        prepared = self._embed_request(request)
+        source = self.stamp("remember", host, request.source)
+
+        def write(tx: Tx) -> RememberResult | Replayed:
+            replay = self._replay(tx.conn, idempotency_key)
+            if replay is not None:
+                return replay
+            saved, deduplicated, refs = self._store_memory(tx, request, prepared, source)
+            result = RememberResult(
+                saved=saved,
+                deduplicated=True if deduplicated else None,
+                note=(f"Identical memory already existed (id: {saved}) -- linked your keys to it and "
+                      "counted it as confirmed instead of storing a duplicate.") if deduplicated else None,
+                redacted=request.redacted or None,
+                dropped_keys=request.dropped_keys or None,
+                keys=refs,
+            )
+            self._record(tx.conn, idempotency_key, result)
+            return result
+
+        result = self.store.write(write)
+        if isinstance(result, Replayed):
+            return result
+        hints = self.write_hints(result.saved, request.keys)
+        if hints is not None:
+            from dataclasses import replace
+
+            result = replace(result, hints=hints)
+        return result
+
+    def remember_batch(self, items: Sequence[NewMemory | InvalidInput], *, host: Host | None = None,
+                       idempotency_key: str | None = None) -> BatchResult | Replayed:
+        """Store every valid item in one transaction; an invalid item is reported, not stored."""
+        batch_id = str(uuid.uuid4()) if len(items) > 1 else None
+        prepared = [None if isinstance(i, InvalidInput) else self._embed_request(i) for i in items]
+
+        def write(tx: Tx) -> BatchResult | Replayed:
+            replay = self._replay(tx.conn, idempotency_key)
+            if replay is not None:
+                return replay
+            out: list[BatchItem] = []
+            for index, (item, vectors) in enumerate(zip(items, prepared)):
+                if isinstance(item, InvalidInput) or vectors is None:
+                    error = item if isinstance(item, InvalidInput) else InvalidInput("invalid item")
+                    out.append(BatchItem(index=index, error=error.message, field=error.field))
+                    continue
+                source = self.stamp("remember_batch", host, item.source,
+                                    {"batch_id": batch_id} if batch_id else None)
+                saved, dedup, _ = self._store_memory(tx, item, vectors, source)
+                out.append(BatchItem(index=index, saved=saved, deduplicated=dedup,
+                                     redacted=item.redacted or None))
+            ok = sum(1 for i in out if i.saved)
+            result = BatchResult(saved=ok, failed=len(out) - ok, items=out, batch_id=batch_id if ok else None)
+            self._record(tx.conn, idempotency_key, result)
+            return result
+
+        return self.store.write(write)
+
+    def _replay(self, conn: sqlite3.Connection, key: str | None) -> Replayed | None:
+        if key is None:
+            return None
+        row = conn.execute("SELECT result FROM idempotency WHERE key = ?", (key,)).fetchone()
+        return None if row is None else Replayed(json.loads(row[0]))
+
+    def _record(self, conn: sqlite3.Connection, key: str | None, result: object) -> None:
+        if key is not None:
+            conn.execute("INSERT INTO idempotency(key, result, created_at) VALUES (?, ?, ?)",
+                         (key, dumps(result), self.clock()))
+
+    @dataclass(frozen=True, slots=True)
+    class _Vectors:
+        keys: dict[str, npt.NDArray[np.float32]]
+        body: npt.NDArray[np.float32]
+        content_tokens: str
+
+    def _embed_request(self, request: NewMemory) -> MemoryGraph._Vectors:
+        texts = [*request.keys, request.content]
+        vectors = self.embedder.embed(texts)
+        tokens = " ".join(self.analyzer.index_tokens(request.content))
+        return MemoryGraph._Vectors(dict(zip(request.keys, vectors[:-1])), vectors[-1], tokens)
+
+    def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
+                      source: dict[str, Any]) -> tuple[str, bool, list[KeyRef]]:
+        """Insert one memory (or fold it into its identical twin) with its keys and links."""
+        conn, now = tx.conn, self.clock()
+        self._check_related(conn, request.related_to, now)
+        digest = dedup_hash(request.content)
+        twin = conn.execute(
+            f"SELECT m.id FROM memories m WHERE m.namespace = ? AND m.dedup_hash = ? AND {ACTIVE} LIMIT 1",
+            (request.namespace, digest, now)).fetchone()
+        if twin is not None:
+            memory_id = twin[0]
+            updates: dict[str, Any] = {
+                "last_confirmed_at": now, "updated_at": now,
+                "last_confirmation_evidence": "user",
+                "last_confirmation_source": json.dumps(source, ensure_ascii=False),
+            }
+            if request.ttl_seconds is not None:
+                updates["expires_at"] = now + request.ttl_seconds
+            sets = ", ".join(f"{k} = ?" for k in updates)
+            conn.execute(f"UPDATE memories SET {sets}, confirmation_count = confirmation_count + 1 "
+                         f"WHERE id = ?", [*updates.values(), memory_id])
+            refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
+            self._add_relations(conn, memory_id, request.related_to)
+            self._reindex_keys_of(tx, [memory_id])
+            return memory_id, True, refs
+        memory_id = new_id()
+        conn.execute(
+            "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
+            "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
+            "last_confirmation_source, expires_at, source, vector) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?)",
+            (memory_id, request.content, digest, request.namespace, now, now, request.observed_at, now,
+             request.decay_profile, json.dumps(source, ensure_ascii=False),
+             None if request.ttl_seconds is None else now + request.ttl_seconds,
+             json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
+        refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
+        self._add_relations(conn, memory_id, request.related_to)
+        self._index_memory(tx, memory_id, vectors.content_tokens)
+        body, code = vectors.body, self.namespace_code(request.namespace)
+        tx.after_commit(lambda: self.bodies.upsert(memory_id, body, code))
+        return memory_id, False, refs
+
+    def _check_related(self, conn: sqlite3.Connection, related: Sequence[str], now: float) -> None:
+        if not related:
+            return
+        found = get_memories(conn, related)
+        missing = [r for r in related if r not in found or not found[r].active(now)]
+        if missing:
+            raise InvalidInput(f"related_to names unknown or inactive memories: {', '.join(missing[:5])}",
+                               field="related_to")
+
+    def _add_relations(self, conn: sqlite3.Connection, memory_id: str, related: Sequence[str]) -> None:
+        conn.executemany("INSERT OR IGNORE INTO relations(from_id, to_id) VALUES (?, ?)",
+                         [(memory_id, r) for r in related if r != memory_id])
+
+    def _link_keys(self, tx: Tx, memory_id: str, keys: Sequence[str], key_types: Mapping[str, KeyType],
+                   vectors: Mapping[str, npt.NDArray[np.float32]], weight: float = LINK_DEFAULT,
+                   auto: bool = False) -> list[KeyRef]:
+        """Resolve each key (reuse, merge or create) and link it to the memory."""
+        conn = tx.conn
+        pending: list[PendingKey] = []
+        touched: set[str] = set()
+        linked: list[str] = []
+        pairs = self._translation_pairs(keys, key_types, vectors)
+        resolved: dict[str, str] = {}
+        for key in keys:
+            kind = key_types.get(key, "concept")
+            partner = pairs.get(key)
+            if partner is not None and partner in resolved and self.keys.by_norm(normalize(key)) is None \
+                    and not any(normalize(p.concept) == normalize(key) for p in pending):
+                key_id = resolved[partner]
+                self._add_alias(conn, key_id, key, learned=False)
+                touched.add(key_id)
+            else:
+                match = self.keys.resolve(key, kind, vectors[key], self.profile, pending)
+                if match.key_id is None:
+                    key_id = new_id()
+                    conn.execute(
+                        "INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (key_id, key, normalize(key), self.analyzer.compact(key), kind,
+                         vector_bytes(vectors[key]), self.clock()))
+                    pending.append(PendingKey(key_id, key, kind, vectors[key]))
+                else:
+                    key_id = match.key_id
+                    if match.promote_to is not None:
+                        conn.execute("UPDATE keys SET key_type = ? WHERE id = ?", (match.promote_to, key_id))
+                    if match.add_alias:
+                        self._add_alias(conn, key_id, key, learned=False)
+                touched.add(key_id)
+            resolved[key] = key_id
+            if key_id not in linked:
+                linked.append(key_id)
+        new_links = []
+        for key_id in linked:
+            cur = conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
+                               (key_id, memory_id, weight, int(auto)))
+            if cur.rowcount:
+                new_links.append(key_id)
+        infos = {kid: self._key_info(conn, kid) for kid in touched}
+        vectors_of = {p.id: p.vector for p in pending}
+
+        def apply() -> None:
+            for kid, info in infos.items():
+                self.keys.put(info, vectors_of.get(kid))
+
+        tx.after_commit(apply)
+        # Key infos above already carry fresh link counts; only untouched keys need deltas.
+        for kid in new_links:
+            if kid not in touched:
+                tx.after_commit(lambda kid=kid: self.keys.add_links(kid, 1))
+        return [KeyRef(concept=infos[k].concept if k in infos else self._concept(k), key_id=k) for k in linked]
+
+    def _concept(self, key_id: str) -> str:
+        info = self.keys.get(key_id)
+        return info.concept if info is not None else key_id
+
+    def _translation_pairs(self, keys: Sequence[str], key_types: Mapping[str, KeyType],
+                           vectors: Mapping[str, npt.NDArray[np.float32]]) -> dict[str, str]:
+        """Hangul and Latin concept keys of one write that are each other's closest
+        cross-script key are taken as one concept in two languages (partner -> earlier key)."""
+        concepts = [k for k in keys if key_types.get(k, "concept") == "concept"]
+        hangul = [k for k in concepts if script_of(k) == "hangul"]
+        latin = [k for k in concepts if script_of(k) == "latin"]
+        if not hangul or not latin:
+            return {}
+        sims = np.stack([vectors[h] for h in hangul]) @ np.stack([vectors[l] for l in latin]).T
+        pairs: dict[str, str] = {}
+        order = {k: i for i, k in enumerate(keys)}
+        for i, h in enumerate(hangul):
+            j = int(np.argmax(sims[i]))
+            if int(np.argmax(sims[:, j])) == i and sims[i, j] >= self.profile.translation_pair:
+                first, second = sorted((h, latin[j]), key=order.__getitem__)
+                pairs[second] = first
+        return pairs
+
+    def _add_alias(self, conn: sqlite3.Connection, key_id: str, alias: str, *, learned: bool) -> bool:
+        row = conn.execute("SELECT concept FROM keys WHERE id = ?", (key_id,)).fetchone()
+        if row is None or normalize(row[0]) == normalize(alias) or len(alias.strip()) < 1:
+            return False
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (key_id, alias, normalize(alias), self.analyzer.compact(alias), int(learned), self.clock()))
+        return cur.rowcount > 0
+
+    def _key_info(self, conn: sqlite3.Connection, key_id: str) -> KeyInfo:
+        row = conn.execute("SELECT id, concept, compact, key_type FROM keys WHERE id = ?", (key_id,)).fetchone()
+        aliases = conn.execute("SELECT alias, compact FROM aliases WHERE key_id = ? ORDER BY added_at",
+                               (key_id,)).fetchall()
+        count = conn.execute("SELECT COUNT(*) FROM links WHERE key_id = ?", (key_id,)).fetchone()[0]
+        return KeyInfo(id=row["id"], concept=row["concept"], key_type=row["key_type"], compact=row["compact"],
+                       aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
+                       link_count=count)
+
+    def _key_tokens_of(self, conn: sqlite3.Connection, memory_id: str) -> str:
+        texts: list[str] = []
+        for row in conn.execute(
+                "SELECT k.concept, k.id FROM links l JOIN keys k ON k.id = l.key_id WHERE l.memory_id = ?",
+                (memory_id,)):
+            texts.append(row[0])
+            texts.extend(a[0] for a in conn.execute("SELECT alias FROM aliases WHERE key_id = ?", (row[1],)))
+        return " ".join(t for text in texts for t in self.analyzer.key_tokens(text))
+
+    def _index_memory(self, tx: Tx, memory_id: str, content_tokens: str | None = None) -> None:
+        conn = tx.conn
+        row = conn.execute("SELECT rowid, content FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        if content_tokens is None:
+            content_tokens = " ".join(self.analyzer.index_tokens(row["content"]))
+        conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (row["rowid"],))
+        conn.execute("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) VALUES (?, ?, ?)",
+                     (row["rowid"], content_tokens, self._key_tokens_of(conn, memory_id)))
+
+    def _reindex_keys_of(self, tx: Tx, memory_ids: Iterable[str]) -> None:
+        conn = tx.conn
+        for memory_id in memory_ids:
+            row = conn.execute("SELECT rowid FROM memories WHERE id = ? AND superseded_by IS NULL",
+                               (memory_id,)).fetchone()
+            if row is not None:
+                conn.execute("UPDATE memory_fts SET key_tokens = ? WHERE rowid = ?",
+                             (self._key_tokens_of(conn, memory_id), row[0]))
+
+    def _unindex(self, tx: Tx, memory: Memory) -> None:
+        tx.conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (memory.rowid,))
+        tx.after_commit(lambda: self.bodies.remove(memory.id))
+
+    # -- write hints ----------------------------------------------------------------------
+
+    def write_hints(self, memory_id: str, provided: Sequence[str]) -> Hints | None:
+        """Near-duplicate keys, missing-language and phrase-key advice (read-only)."""
+        linked = set(self.store.read(lambda c: [r[0] for r in c.execute(
+            "SELECT key_id FROM links WHERE memory_id = ?", (memory_id,))]))
+        provided_norms = {normalize(k) for k in provided}
+        near: list[dict[str, Any]] = []
+        snap = self.keys.snapshot()
+        for key_id in linked:
+            info = self.keys.get(key_id)
+            if info is None or normalize(info.concept) not in provided_norms:
+                continue
+            vector = self.keys.vectors.get(key_id)
+            if vector is None or not snap.ids:
+                continue
+            sims = snap.similarities(vector[None, :])[0]
+            best: tuple[float, KeyInfo] | None = None
+            for row in np.argsort(-sims)[:20]:
+                other = self.keys.get(snap.ids[row])
+                sim = float(sims[row])
+                if other is None or other.id in linked or other.is_entity:
+                    continue
+                merge_at = (self.profile.cross_script_merge if cross_script(info.concept, other.concept)
+                            else self.profile.short_key_merge)
+                if self.profile.key_recall <= sim < merge_at:
+                    best = (sim, other)
+                    break
+            if best is not None:
+                near.append({"your_key": info.concept, "existing_concept": best[1].concept,
+                             "key_id": best[1].id, "similarity": round(best[0], 3)})
+        phrases = [k for k in provided if len(k.split()) >= PHRASE_TOKENS]
+        language = LANGUAGE_NOTE if provided and language_uniform(provided) else None
+        few = FEW_KEYS_NOTE if len(provided) < 3 else None
+        if not near and language is None and not phrases and few is None:
+            return None
+        return Hints(near_keys=near, language_note=language, phrase_keys=phrases or None,
+                     phrase_note=PHRASE_NOTE if phrases else None, few_keys_note=few)
+
+    # -- writes: correct ------------------------------------------------------------------
+
+    def correct(self, memory_id: object, request: NewMemory, *, keys_given: bool, related_given: bool,
+                ttl_given: bool, decay_given: bool, host: Host | None = None,
+                idempotency_key: str | None = None) -> CorrectResult | Replayed:
+        """One-step versioning: the correction supersedes the memory, which stays readable by
+        id only; the memory it had itself superseded is deleted."""
+        if not isinstance(memory_id, str):
+            raise InvalidInput("memory_id must be a string", field="memory_id")
+        prepared = self._embed_request(request)
+        source = self.stamp("correct", host, request.source)
+
+        def write(tx: Tx) -> CorrectResult | Replayed:
+            replay = self._replay(tx.conn, idempotency_key)
+            if replay is not None:
+                return replay
+            conn, now = tx.conn, self.clock()
+            old = get_memory(conn, memory_id)
+            # Follow the chain to its live head, so two corrections in a row form one chain.
+            while old is not None and old.superseded_by is not None:
+                old = get_memory(conn, old.superseded_by)
+            if old is None or old.expired(now):
+                raise NotFound(f"Memory {memory_id} not found")
+            if old.supersedes is not None:
+                grandparent = get_memory(conn, old.supersedes)
+                if grandparent is not None:
+                    self._delete(tx, grandparent)
+                conn.execute("UPDATE memories SET supersedes = NULL WHERE id = ?", (old.id,))
+            self._check_related(conn, request.related_to, now)
+            new = new_id()
+            expires = (now + request.ttl_seconds if request.ttl_seconds is not None else None) \
+                if ttl_given else old.expires_at
+            profile = request.decay_profile if decay_given else old.decay_profile
+            conn.execute(
+                "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
+                "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
+                "last_confirmation_source, expires_at, supersedes, source, vector) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?, ?)",
+                (new, request.content, dedup_hash(request.content), old.namespace, now, now,
+                 request.observed_at, now, profile, json.dumps(source, ensure_ascii=False), expires, old.id,
+                 json.dumps(source, ensure_ascii=False), vector_bytes(prepared.body)))
+            factor = 0.8 if old.depth >= DEEP_DEPTH else 0.3
+            conn.execute("UPDATE memories SET superseded_by = ?, depth = depth * ?, updated_at = ? WHERE id = ?",
+                         (new, factor, now, old.id))
+            self._unindex(tx, old)
+            related = request.related_to if related_given else self.related_ids(conn, old.id)
+            self._add_relations(conn, new, related)
+            note = None
+            if keys_given and request.keys:
+                self._link_keys(tx, new, request.keys, request.key_types, prepared.keys)
+            else:
+                inherited = conn.execute(
+                    "SELECT l.key_id, l.weight, l.auto, k.concept FROM links l JOIN keys k ON k.id = l.key_id "
+                    "WHERE l.memory_id = ? ORDER BY l.weight DESC", (old.id,)).fetchall()
+                conn.executemany(
+                    "INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
+                    [(r[0], new, max(LINK_MIN, r[1] - CORRECT_PENALTY), r[2]) for r in inherited])
+                for r in inherited:
+                    tx.after_commit(lambda kid=r[0]: self.keys.add_links(kid, 1))
+                concepts = [r[3] for r in inherited]
+                if concepts:
+                    note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
+                            "retag if the correction changed the topic.")
+            self._index_memory(tx, new, prepared.content_tokens)
+            body, code = prepared.body, self.namespace_code(old.namespace)
+            tx.after_commit(lambda: self.bodies.upsert(new, body, code))
+            result = CorrectResult(new_id=new, superseded=memory_id, note=note,
+                                   redacted=request.redacted or None)
+            self._record(conn, idempotency_key, result)
+            return result
+
+        return self.store.write(write)
+
+    # -- writes: deletion -----------------------------------------------------------------
+
+    def _delete(self, tx: Tx, memory: Memory) -> str | None:
+        """Hard-delete one memory; if it was a correction, its predecessor becomes active
+        again (undo). Keys left without any link are deleted too. Returns the restored id."""
+        conn = tx.conn
+        key_ids = [r[0] for r in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory.id,))]
+        conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (memory.rowid,))
+        conn.execute("DELETE FROM memories WHERE id = ?", (memory.id,))
+        restored = None
+        predecessor = conn.execute("SELECT id FROM memories WHERE superseded_by = ?", (memory.id,)).fetchone()
+        if predecessor is not None:
+            restored = predecessor[0]
+            conn.execute("UPDATE memories SET superseded_by = NULL WHERE id = ?", (restored,))
+            self._index_memory(tx, restored)
+            row = conn.execute("SELECT vector, namespace FROM memories WHERE id = ?", (restored,)).fetchone()
+            if row["vector"] is not None:
+                vec, code = vector_from(row["vector"]), self.namespace_code(row["namespace"])
+                tx.after_commit(lambda: self.bodies.upsert(restored, vec, code))
+        for kid in key_ids:
+            remaining = conn.execute("SELECT 1 FROM links WHERE key_id = ? LIMIT 1", (kid,)).fetchone()
+            if remaining is None:
+                conn.execute("DELETE FROM keys WHERE id = ?", (kid,))
+                tx.after_commit(lambda kid=kid: self.keys.remove(kid))
+            else:
+                tx.after_commit(lambda kid=kid: self.keys.add_links(kid, -1))
+        memory_id = memory.id
+        tx.after_commit(lambda: self.bodies.remove(memory_id))
+        return restored
+
+    def forget(self, memory_id: object, *, idempotency_key: str | None = None) -> ForgetResult | Replayed:
+        if not isinstance(memory_id, str):
+            raise InvalidInput("memory_id must be a string", field="memory_id")
+
+        def write(tx: Tx) -> ForgetResult | Replayed:
+            replay = self._replay(tx.conn, idempotency_key)
+            if replay is not None:
+                return replay
+            memory = get_memory(tx.conn, memory_id)
+            result = ForgetResult(deleted=False)
+            if memory is not None:
+                result = ForgetResult(deleted=True, restored=self._delete(tx, memory))
+            self._record(tx.conn, idempotency_key, result)
+            return result
+
+        return self.store.write(write)
+
+    def cleanup_expired(self) -> CleanupResult:
+        """Delete expired memories, prune never-used learned aliases and stale candidates."""
+
+        def write(tx: Tx) -> CleanupResult:
+            conn, now = tx.conn, self.clock()
+            expired = [memory_from_row(r) for r in conn.execute(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE expires_at IS NOT NULL AND expires_at < ?",
+                (now,))]
+            keys_before = conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0]
+            for memory in expired:
+                if get_memory(conn, memory.id) is not None:
+                    self._delete(tx, memory)
+            cutoff = now - self.settings.autokey_prune_age
+            stale = conn.execute(
+                "SELECT key_id, norm FROM aliases WHERE learned = 1 AND hits = 0 AND added_at <= ?",
+                (cutoff,)).fetchall()
+            conn.executemany("DELETE FROM aliases WHERE key_id = ? AND norm = ?", [tuple(r) for r in stale])
+            for kid in {r[0] for r in stale}:
+                if conn.execute("SELECT 1 FROM keys WHERE id = ?", (kid,)).fetchone():
+                    info = self._key_info(conn, kid)
+                    tx.after_commit(lambda info=info: self.keys.put(info))
+            candidates = conn.execute("DELETE FROM alias_candidates WHERE last_seen <= ?", (cutoff,)).rowcount
+            conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - 7 * 86400,))
+            keys_after = conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0]
+            return CleanupResult(deleted=len(expired), pruned_aliases=len(stale),
+                                 pruned_candidates=candidates, pruned_keys=keys_before - keys_after)
+
+        result = self.store.write(write)
+        if result.deleted or result.pruned_aliases or result.pruned_candidates:
+            logger.info("cleanup: %d expired memories deleted, %d learned aliases and %d candidates pruned",
+                        result.deleted, result.pruned_aliases, result.pruned_candidates)
+        return result
+
+    # -- writes: confirmation and link feedback -------------------------------------------
+
+    def confirm_memory(self, memory_id: object, evidence: object, *, namespace: object = None,
+                       source: object = None, host: Host | None = None) -> ConfirmResult:
+        if not isinstance(memory_id, str):
+            raise InvalidInput("memory_id must be a string", field="memory_id")
+        if evidence not in EVIDENCE_KINDS:
+            raise InvalidInput(f"Unknown confirmation evidence: {evidence!r} (use one of "
+                               f"{', '.join(EVIDENCE_KINDS)})", field="evidence")
+        if source is not None and not isinstance(source, dict):
+            raise InvalidInput("source must be an object", field="source")
+        ns = self.resolve_namespace(namespace)
+        stamped = self.stamp("confirm_memory", host, source)
+        confirmation = host.confirmation_id if host is not None else None
+
+        def write(tx: Tx) -> ConfirmResult:
+            conn, now = tx.conn, self.clock()
+            memory = self.active_memory(conn, memory_id, ns, now)
+            if confirmation is not None and memory.last_confirmation_id == confirmation:
+                return ConfirmResult(memory.id, confirmed=False, duplicate=True,
+                                     validity=self.validity_of(memory))
+            conn.execute(
+                "UPDATE memories SET last_confirmed_at = ?, confirmation_count = confirmation_count + 1, "
+                "depth = MIN(1.0, depth + ?), last_confirmation_evidence = ?, last_confirmation_source = ?, "
+                "last_confirmation_id = ?, updated_at = ? WHERE id = ?",
+                (now, CONFIRM_DEPTH, evidence, json.dumps(stamped, ensure_ascii=False), confirmation, now,
+                 memory.id))
+            fresh = get_memory(conn, memory.id)
+            assert fresh is not None
+            return ConfirmResult(memory.id, confirmed=True, duplicate=False, validity=self.validity_of(fresh))
+
+        return self.store.write(write)
+
+    def dismiss(self, memory_id: object, key_id: object, *, namespace: object = None) -> DismissResult:
+        """Weaken one key->memory link (never below the floor, never severed)."""
+        if not isinstance(memory_id, str):
+            raise InvalidInput("memory_id must be a string", field="memory_id")
+        if not isinstance(key_id, str):
+            raise InvalidInput("key_id must be a string", field="key_id")
+        ns = self.resolve_namespace(namespace)
+        weak = self.buffer.consume(key_id)
+
+        def write(tx: Tx) -> DismissResult:
+            conn, now = tx.conn, self.clock()
+            memory = get_memory(conn, memory_id)
+            if memory is None or memory.expired(now) or (ns is not None and memory.namespace != ns):
+                raise NotFound(f"Memory {memory_id} not found")
+            row = conn.execute("SELECT weight FROM links WHERE key_id = ? AND memory_id = ?",
+                               (key_id, memory_id)).fetchone()
+            if row is None:
+                raise NotFound(f"Key {key_id} is not linked to memory {memory_id}")
+            previous = row[0]
+            weight = max(LINK_MIN, previous - DISMISS)
+            conn.execute("UPDATE links SET weight = ? WHERE key_id = ? AND memory_id = ?",
+                         (weight, key_id, memory_id))
+            cleared = None
+            if weak is not None:
+                norm = normalize(weak.query)
+                cand = conn.execute("SELECT count, query_text FROM alias_candidates WHERE key_id = ? AND norm = ?",
+                                    (key_id, norm)).fetchone()
+                if cand is not None:
+                    cleared = cand[1]
+                    if cand[0] <= 1:
+                        conn.execute("DELETE FROM alias_candidates WHERE key_id = ? AND norm = ?", (key_id, norm))
+                    else:
+                        conn.execute("UPDATE alias_candidates SET count = count - 1 WHERE key_id = ? AND norm = ?",
+                                     (key_id, norm))
+            concept = conn.execute("SELECT concept FROM keys WHERE id = ?", (key_id,)).fetchone()[0]
+            floored = weight <= LINK_MIN
+            note = ("Link is at its floor -- it ranks last under this key but is never severed; the memory "
+                    "stays reachable by its other keys." if floored else
+                    "Link weakened. The memory is unchanged and still reachable by its other keys.")
+            return DismissResult(memory_id=memory_id, key_id=key_id, concept=concept,
+                                 link_weight=round(weight, 3), previous_link_weight=round(previous, 3),
+                                 floored=floored, alias_candidate_cleared=cleared, note=note)
+
+        return self.store.write(write)
+
+    # -- reads with effects: read_memory --------------------------------------------------
+
+    def read_memory(self, memory_id: object, *, via_key_id: object = None,
+                    namespace: object = None) -> ReadMemoryResult:
+        """Full content and every key of one memory. Counts the access; reinforces only the
+        traversed edge (+0.1) and lets autokey learn from it. Never confirms the memory."""
+        if not isinstance(memory_id, str):
+            raise InvalidInput("memory_id must be a string", field="memory_id")
+        if via_key_id is not None and not isinstance(via_key_id, str):
+            raise InvalidInput("via_key_id must be a string", field="via_key_id")
+        ns = self.resolve_namespace(namespace)
+        weak = self.buffer.consume(via_key_id) if via_key_id and self.settings.autokey else None
+        query_vector = self.embedder.embed([weak.query])[0] if weak is not None else None
+
+        def write(tx: Tx) -> None:
+            conn, now = tx.conn, self.clock()
+            memory = self.active_memory(conn, memory_id, ns, now)
+            if via_key_id is not None:
+                row = conn.execute("SELECT weight FROM links WHERE key_id = ? AND memory_id = ?",
+                                   (via_key_id, memory.id)).fetchone()
+                if row is None:
+                    raise NotFound(f"Key {via_key_id} is not linked to memory {memory.id}")
+                conn.execute("UPDATE links SET weight = ? WHERE key_id = ? AND memory_id = ?",
+                             (clamp_weight(row[0] + REINFORCE), via_key_id, memory.id))
+                if weak is not None and query_vector is not None:
+                    self._learn_alias(tx, via_key_id, memory.id, weak.query, weak.score, query_vector)
+            conn.execute("UPDATE memories SET access_count = access_count + 1, last_accessed = ? WHERE id = ?",
+                         (now, memory.id))
+
+        self.store.write(write)
+        return self.store.read(lambda conn: self._read_memory_view(conn, memory_id, via_key_id))
+
+    def _read_memory_view(self, conn: sqlite3.Connection, memory_id: str, via: str | None) -> ReadMemoryResult:
+        now = self.clock()
+        memory = get_memory(conn, memory_id)
+        assert memory is not None
+        links = conn.execute("SELECT key_id, weight, auto FROM links WHERE memory_id = ? ORDER BY weight DESC",
+                             (memory_id,)).fetchall()
+        counts = self.key_counts(conn, [r[0] for r in links], memory.namespace, now)
+        keys: list[LinkedKey] = []
+        for row in links:
+            info = self.keys.get(row[0])
+            if info is None:
+                continue
+            view = self.key_view(info, counts.get(info.id), self.learned_aliases(conn, info.id))
+            keys.append(LinkedKey(
+                key_id=view.key_id, concept=view.concept, aliases=view.aliases,
+                learned_aliases=view.learned_aliases, key_type=view.key_type, memory_count=view.memory_count,
+                is_hub=view.is_hub, specificity=view.specificity, link_weight=round(row[1], 3),
+                traversed_from=row[0] == via, auto=True if row[2] else None))
+        return ReadMemoryResult(memory=self.memory_view(conn, memory), keys=keys, via_key_id=via)
+
+    def memory_view(self, conn: sqlite3.Connection, memory: Memory) -> MemoryView:
+        return MemoryView(
+            id=memory.id, content=memory.content, depth=round(memory.depth, 3), access_count=memory.access_count,
+            last_accessed=memory.last_accessed, created_at=memory.created_at, observed_at=memory.observed_at,
+            source=memory.source, namespace=memory.namespace, expires_at=memory.expires_at,
+            supersedes=memory.supersedes, superseded_by=memory.superseded_by,
+            related_to=self.related_ids(conn, memory.id), validity=self.validity_of(memory))
+
+    def _learn_alias(self, tx: Tx, key_id: str, memory_id: str, query: str, score: float,
+                     query_vector: npt.NDArray[np.float32]) -> None:
+        """Autokey: one more confirmation that ``query`` means this key; promote at N."""
+        conn, now = tx.conn, self.clock()
+        text = query.strip()
+        info = self.keys.get(key_id)
+        if info is None or len(text) < 2:
+            return
+        norm = normalize(text)
+        if norm == normalize(info.concept) or norm in {normalize(a) for a in info.aliases}:
+            return
+        conn.execute(
+            "INSERT INTO alias_candidates(key_id, norm, query_text, count, last_seen) VALUES (?, ?, ?, 1, ?) "
+            "ON CONFLICT(key_id, norm) DO UPDATE SET count = count + 1, last_seen = excluded.last_seen, "
+            "query_text = excluded.query_text", (key_id, norm, text, now))
+        count = conn.execute("SELECT count FROM alias_candidates WHERE key_id = ? AND norm = ?",
+                             (key_id, norm)).fetchone()[0]
+        learned = conn.execute("SELECT COUNT(*) FROM aliases WHERE key_id = ? AND learned = 1",
+                               (key_id,)).fetchone()[0]
+        decision = autokey.decide_promotion(count, text, score, learned, self.promotion)
+        if decision == "none":
+            return
+        conn.execute("DELETE FROM alias_candidates WHERE key_id = ? AND norm = ?", (key_id, norm))
+        if decision == "alias":
+            if self._add_alias(conn, key_id, text, learned=True):
+                logger.info("autokey: learned an alias for key %s", key_id)
+                fresh = self._key_info(conn, key_id)
+                tx.after_commit(lambda: self.keys.put(fresh))
+                self._reindex_keys_of(tx, [r[0] for r in conn.execute(
+                    "SELECT memory_id FROM links WHERE key_id = ? LIMIT 5000", (key_id,))])
+        else:
+            self._link_keys(tx, memory_id, [text], {}, {text: query_vector})
+            self._reindex_keys_of(tx, [memory_id])
+            logger.info("autokey: promoted a confirmed query to a key on memory %s", memory_id)
+
+    def count_alias_hits(self, key_alias_pairs: Iterable[tuple[str, str]]) -> None:
+        """A learned alias that matched a query literally earns a hit (kept from pruning)."""
+        pairs = [(kid, normalize(alias)) for kid, alias in key_alias_pairs]
+        if pairs:
+            self.store.write(lambda tx: tx.conn.executemany(
+                "UPDATE aliases SET hits = hits + 1 WHERE key_id = ? AND norm = ? AND learned = 1", pairs))
+
+    # -- reads: keys ----------------------------------------------------------------------
+
+    def browse_keys(self, namespace: object = None, *, hubs_only: bool = False, limit: int = 20,
+                    offset: int = 0) -> BrowseResult:
+        ns = self.resolve_namespace(namespace)
+        now = self.clock()
+
+        def read(conn: sqlite3.Connection) -> BrowseResult:
+            sql = (f"SELECT l.key_id, COUNT(*) AS n FROM links l JOIN memories m ON m.id = l.memory_id "
+                   f"WHERE {ACTIVE}")
+            params: list[Any] = [now]
+            if ns is not None:
+                sql += " AND m.namespace = ?"
+                params.append(ns)
+            rows = conn.execute(sql + " GROUP BY l.key_id", params).fetchall()
+            active = f"SELECT COUNT(DISTINCT m.id) FROM memories m WHERE {ACTIVE}"
+            mparams: list[Any] = [now]
+            if ns is not None:
+                active += " AND m.namespace = ?"
+                mparams.append(ns)
+            memory_count = conn.execute(active, mparams).fetchone()[0]
+            entries = []
+            for key_id, n in rows:
+                info = self.keys.get(key_id)
+                if info is None or (hubs_only and n < self.settings.hub_min_links):
+                    continue
+                entries.append((info, n))
+            entries.sort(key=lambda e: (e[1] < self.settings.hub_min_links, -e[1], normalize(e[0].concept)))
+            page = entries[offset:offset + limit]
+            views = [self.key_view(info, n, self.learned_aliases(conn, info.id)) for info, n in page]
+            return BrowseResult(
+                status="ok" if memory_count else "empty_namespace", namespace=ns, memory_count=memory_count,
+                key_count=len(entries), keys=views,
+                next_offset=offset + limit if offset + limit < len(entries) else None)
+
+        return self.store.read(read)
+
+    def check_key_id(self, key_id: object) -> str:
+        if not isinstance(key_id, str):
+            raise InvalidInput("key_id must be a string", field="key_id")
+        if not ID_PATTERN.match(key_id):
+            raise InvalidInput(
+                f"key_id {key_id[:40]!r} is not a key id: pass the 12-character id from recall or "
+                "browse_keys (e.g. 'a1b2c3d4e5f6'), not the concept text -- call recall(query) to find it.",
+                field="key_id")
+        if self.keys.get(key_id) is None:
+            raise NotFound(f"Key {key_id} not found")
+        return key_id
+
+    def read_key(self, key_id: object, *, query: object = None, namespace: object = None, limit: int = 10,
+                 offset: int = 0) -> ReadKeyResult:
+        """The memories under one key, ranked, as handles (never content)."""
+        kid = self.check_key_id(key_id)
+        if query is not None and not isinstance(query, str):
+            raise InvalidInput("query must be a string", field="query")
+        ns = self.resolve_namespace(namespace)
+        from keymem_daemon.engine.retrieval import rank_key_members
+
+        ranked = rank_key_members(self, kid, query.strip() if isinstance(query, str) and query.strip() else None,
+                                  ns, pool=None)
+        now = self.clock()
+
+        def read(conn: sqlite3.Connection) -> ReadKeyResult:
+            info = self.keys.get(kid)
+            assert info is not None
+            page = ranked[offset:offset + limit]
+            handles = []
+            for item in page:
+                memory = item.memory
+                handles.append(Handle(
+                    memory_id=memory.id, depth=round(memory.depth, 3), created_at=memory.created_at,
+                    observed_at=memory.observed_at, namespace=memory.namespace,
+                    validity=self.validity_of(memory), link_weight=round(item.weight, 3),
+                    content_relevance=None if item.relevance is None else round(item.relevance, 3),
+                    score_kind="within_key_rank" if item.relevance is not None else "link_rank",
+                    score=round(item.score, 4), batch_sibling_ids=self.batch_siblings(conn, memory, now)))
+            view = self.key_view(info, len(ranked), self.learned_aliases(conn, kid))
+            return ReadKeyResult(key=view, memories=handles, total=len(ranked),
+                                 next_offset=offset + limit if offset + limit < len(ranked) else None)
+
+        return self.store.read(read)
+
+    # -- reads: memories ------------------------------------------------------------------
+
+    def related(self, memory_id: object) -> list[RelatedItem]:
+        """Neighbours through shared keys (rarer keys count more) and explicit links."""
+        if not isinstance(memory_id, str):
+            raise InvalidInput("memory_id must be a string", field="memory_id")
+        now = self.clock()
+
+        def read(conn: sqlite3.Connection) -> list[RelatedItem]:
+            memory = get_memory(conn, memory_id)
+            if memory is None:
+                return []
+            scores: dict[str, float] = {}
+            shared: dict[str, list[str]] = {}
+            kinds: dict[str, set[str]] = {}
+            for (key_id,) in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory_id,)):
+                info = self.keys.get(key_id)
+                if info is None:
+                    continue
+                weight = self.idf(key_id)
+                for (other,) in conn.execute(
+                        "SELECT memory_id FROM links WHERE key_id = ? AND memory_id != ? LIMIT 2000",
+                        (key_id, memory_id)):
+                    scores[other] = scores.get(other, 0.0) + weight
+                    shared.setdefault(other, []).append(info.concept)
+                    kinds.setdefault(other, set()).add("key")
+            for sql in ("SELECT to_id FROM relations WHERE from_id = ?", "SELECT from_id FROM relations WHERE to_id = ?"):
+                for (other,) in conn.execute(sql, (memory_id,)):
+                    scores[other] = scores.get(other, 0.0) + 1.0
+                    kinds.setdefault(other, set()).add("explicit")
+            found = get_memories(conn, scores)
+            items = []
+            for other, score in scores.items():
+                m = found.get(other)
+                if m is None or not m.active(now):
+                    continue
+                kind = kinds[other]
+                items.append(RelatedItem(
+                    id=m.id, content=m.content, shared_keys=shared.get(other, []),
+                    link_type="both" if len(kind) == 2 else ("key" if "key" in kind else "explicit"),
+                    depth=round(m.depth, 3), validity=self.validity_of(m),
+                    score=round(score * self.rank_factor_of(m, now), 4)))
+            items.sort(key=lambda i: (-i.score, -i.validity.freshness))
+            return items[: self.settings.related_limit]
+
+        return self.store.read(read)
+
+    def list_memories(self, namespace: object = None, *, limit: int = 50, offset: int = 0) -> ListResult:
+        ns = self.resolve_namespace(namespace)
+        now = self.clock()
+
+        def read(conn: sqlite3.Connection) -> ListResult:
+            where, params = f"WHERE {ACTIVE}", [now]
+            if ns is not None:
+                where += " AND m.namespace = ?"
+                params.append(ns)  # type: ignore[arg-type]
+            total = conn.execute(f"SELECT COUNT(*) FROM memories m {where}", params).fetchone()[0]
+            rows = conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories m {where} ORDER BY m.rowid "
+                                f"LIMIT ? OFFSET ?", [*params, limit, offset]).fetchall()
+            out = []
+            for row in rows:
+                m = memory_from_row(row)
+                concepts = [self._concept(r[0]) for r in conn.execute(
+                    "SELECT key_id FROM links WHERE memory_id = ? AND auto = 0", (m.id,))]
+                out.append(ListedMemory(
+                    id=m.id, content=m.content, keys=concepts, depth=round(m.depth, 3),
+                    access_count=m.access_count, supersedes=m.supersedes, created_at=m.created_at,
+                    observed_at=m.observed_at, namespace=m.namespace, expires_at=m.expires_at,
+                    related_to=self.related_ids(conn, m.id), validity=self.validity_of(m)))
+            return ListResult(memories=out, total=total,
+                              next_offset=offset + limit if offset + limit < total else None)
+
+        return self.store.read(read)
+
+    def stats(self) -> Stats:
+        now = self.clock()
+
+        def read(conn: sqlite3.Connection) -> Stats:
+            namespaces = dict(conn.execute(
+                f"SELECT m.namespace, COUNT(*) FROM memories m WHERE {ACTIVE} GROUP BY m.namespace",
+                (now,)).fetchall())
+            return Stats(
+                keys=conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0],
+                memories=sum(namespaces.values()),
+                links=conn.execute("SELECT COUNT(*) FROM links").fetchone()[0],
+                namespaces=namespaces,
+                superseded=conn.execute("SELECT COUNT(*) FROM memories WHERE superseded_by IS NOT NULL")
+                .fetchone()[0],
+                expired_pending_cleanup=conn.execute(
+                    "SELECT COUNT(*) FROM memories WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                    (now,)).fetchone()[0],
+            )
+
+        return self.store.read(read)
+
+    def has_hangul_content(self) -> bool:
+        """Whether the store holds Korean text (the daemon then loads Kiwi at start)."""
+        row = self.store.read(lambda c: c.execute(
+            "SELECT 1 FROM keys WHERE concept GLOB '*[가-힣]*' LIMIT 1").fetchone())
+        return row is not None

@@ -1,0 +1,304 @@
+"""Keys: sanitising what the agent passes, the in-memory key index, and the merge rules.
+
+A key is a short concept (matched by similarity), or a ``name``/``proper_noun`` (matched
+only literally, so ``동건`` never reaches ``뉴턴``). Writing a key reuses an existing one when
+its normalised text equals a key's concept or alias; a concept key also joins an existing
+concept key that is close enough -- within one script at the same-script threshold, across
+Hangul/Latin at the (lower) cross-script threshold, because translations sit lower than
+synonyms in a multilingual space while cross-script neighbours are rarely distinct concepts.
+Keys that differ only in a final qualifier (``Agent A`` / ``Agent B``, ``v1`` / ``v2``) never
+merge, whatever their cosine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from keymem_daemon.engine.text import has_hangul, is_short_concept, is_single_cjk, normalize
+from keymem_daemon.engine.vectors import Snapshot, VectorTable
+from keymem_daemon.errors import InvalidInput
+from keymem_daemon.models.embedders import ThresholdProfile
+
+KeyType = Literal["concept", "name", "proper_noun"]
+KEY_TYPES: Final[tuple[KeyType, ...]] = ("concept", "name", "proper_noun")
+ENTITY_TYPES: Final = frozenset({"name", "proper_noun"})
+
+MAX_KEY_CHARS: Final = 100
+MAX_KEYS: Final = 12
+PHRASE_TOKENS: Final = 3
+
+_QUALIFIER = re.compile(r"^(?:[a-z]|\d+|v\d+(?:\.\d+)*|[ivx]{1,4})$")
+_LATIN = re.compile(r"[a-zA-Z]")
+
+
+def script_of(text: str) -> Literal["hangul", "latin", "other"]:
+    if has_hangul(text):
+        return "hangul"
+    if _LATIN.search(text):
+        return "latin"
+    return "other"
+
+
+def cross_script(a: str, b: str) -> bool:
+    return {script_of(a), script_of(b)} == {"hangul", "latin"}
+
+
+def conflicting_qualifiers(a: str, b: str) -> bool:
+    """``Agent A`` vs ``Agent B``: same words except a final letter/number qualifier."""
+    ta, tb = normalize(a).split(), normalize(b).split()
+    if len(ta) != len(tb) or len(ta) < 2 or ta[:-1] != tb[:-1] or ta[-1] == tb[-1]:
+        return False
+    return bool(_QUALIFIER.match(ta[-1]) and _QUALIFIER.match(tb[-1]))
+
+
+@dataclass(frozen=True, slots=True)
+class SanitizedKeys:
+    keys: list[str]
+    dropped: list[str]
+
+
+def sanitize_keys(raw: object, *, field_name: str = "keys") -> SanitizedKeys:
+    """The usable keys of ``raw`` (a list, a JSON array string, or one string).
+
+    A key survives when it is at least two characters, or one Hangul/Han/Kana character
+    (집, 돈, 車); keys are trimmed and deduplicated by their normalised form.
+    """
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.startswith("["):
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError:
+                raise InvalidInput(f"{field_name} is not a valid JSON array: {text[:80]}",
+                                   field=field_name) from None
+        else:
+            raw = [text]
+    if not isinstance(raw, list):
+        raise InvalidInput(f"{field_name} must be an array of strings", field=field_name)
+    kept: list[str] = []
+    dropped: list[str] = []
+    seen: set[str] = set()
+    for item in raw:
+        if not isinstance(item, str):
+            raise InvalidInput(f"{field_name} must contain only strings, got {item!r}", field=field_name)
+        key = " ".join(item.split())
+        norm = normalize(key)
+        if len(key) > MAX_KEY_CHARS or not (len(key) >= 2 or is_single_cjk(key)):
+            dropped.append(item)
+            continue
+        if norm in seen:
+            continue
+        seen.add(norm)
+        kept.append(key)
+    if len(kept) > MAX_KEYS:
+        raise InvalidInput(f"{field_name} has {len(kept)} keys; use at most {MAX_KEYS} (3-6 is best)",
+                           field=field_name)
+    return SanitizedKeys(kept, dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What the index knows of a key without touching SQLite."""
+
+    id: str
+    concept: str
+    key_type: KeyType
+    compact: str
+    aliases: tuple[str, ...] = ()
+    alias_compacts: tuple[str, ...] = ()
+    link_count: int = 0
+
+    @property
+    def is_entity(self) -> bool:
+        return self.key_type in ENTITY_TYPES
+
+
+@dataclass(slots=True)
+class PendingKey:
+    """A key created earlier in the same write transaction (not yet in the index)."""
+
+    id: str
+    concept: str
+    key_type: KeyType
+    vector: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMatch:
+    """How a requested key resolves: an existing key (maybe via similarity) or a new one."""
+
+    key_id: str | None
+    via: Literal["exact", "similar", "new"]
+    similarity: float = 1.0
+    promote_to: KeyType | None = None
+    add_alias: bool = False
+
+
+class KeyIndex:
+    """Every key's metadata, vector and literal forms, in memory; changed after commits."""
+
+    def __init__(self, dim: int) -> None:
+        self.vectors = VectorTable(dim)
+        self._info: dict[str, KeyInfo] = {}
+        self._by_norm: dict[str, str] = {}
+        self._by_compact: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._info)
+
+    def get(self, key_id: str) -> KeyInfo | None:
+        return self._info.get(key_id)
+
+    def by_norm(self, norm: str) -> str | None:
+        return self._by_norm.get(norm)
+
+    def all(self) -> list[KeyInfo]:
+        return list(self._info.values())
+
+    def snapshot(self) -> Snapshot:
+        return self.vectors.snapshot()
+
+    def literal_ids(self, candidates: Iterable[str]) -> set[str]:
+        """Keys whose concept or an alias has one of these compact forms."""
+        found: set[str] = set()
+        for compact in candidates:
+            found.update(self._by_compact.get(compact, ()))
+        return found
+
+    # -- changes (writer thread, after commit) --------------------------------------------
+
+    def put(self, info: KeyInfo, vector: npt.NDArray[np.floating] | None = None) -> None:
+        with self._lock:
+            old = self._info.get(info.id)
+            if old is not None:
+                self._unindex(old)
+            self._info[info.id] = info
+            self._by_norm[normalize(info.concept)] = info.id
+            for alias in info.aliases:
+                self._by_norm.setdefault(normalize(alias), info.id)
+            for compact in (info.compact, *info.alias_compacts):
+                if compact:
+                    self._by_compact.setdefault(compact, set()).add(info.id)
+        if vector is not None:
+            self.vectors.upsert(info.id, vector)
+
+    def remove(self, key_id: str) -> None:
+        with self._lock:
+            old = self._info.pop(key_id, None)
+            if old is not None:
+                self._unindex(old)
+        self.vectors.remove(key_id)
+
+    def add_links(self, key_id: str, delta: int) -> None:
+        with self._lock:
+            info = self._info.get(key_id)
+            if info is not None:
+                self._info[key_id] = replace(info, link_count=max(0, info.link_count + delta))
+
+    def _unindex(self, info: KeyInfo) -> None:
+        for text in (info.concept, *info.aliases):
+            norm = normalize(text)
+            if self._by_norm.get(norm) == info.id:
+                del self._by_norm[norm]
+        for compact in (info.compact, *info.alias_compacts):
+            ids = self._by_compact.get(compact)
+            if ids is not None:
+                ids.discard(info.id)
+                if not ids:
+                    del self._by_compact[compact]
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def resolve(
+        self,
+        concept: str,
+        key_type: KeyType,
+        vector: npt.NDArray[np.float32],
+        profile: ThresholdProfile,
+        pending: Sequence[PendingKey] = (),
+    ) -> KeyMatch:
+        """Which key ``concept`` lands on (see the module docstring for the rules)."""
+        norm = normalize(concept)
+        for p in pending:
+            if normalize(p.concept) == norm:
+                return KeyMatch(p.id, "exact")
+        existing = self._by_norm.get(norm)
+        if existing is not None:
+            info = self._info[existing]
+            promote = key_type if key_type in ENTITY_TYPES and info.key_type == "concept" else None
+            return KeyMatch(existing, "exact", promote_to=promote)
+        if key_type in ENTITY_TYPES:
+            return KeyMatch(None, "new")
+        best = self._best_similar(concept, vector, profile, pending)
+        if best is not None:
+            return KeyMatch(best[0], "similar", similarity=best[1], add_alias=True)
+        return KeyMatch(None, "new")
+
+    def _best_similar(
+        self,
+        concept: str,
+        vector: npt.NDArray[np.float32],
+        profile: ThresholdProfile,
+        pending: Sequence[PendingKey],
+    ) -> tuple[str, float] | None:
+        same_at = profile.short_key_merge if is_short_concept(concept) else profile.key_merge
+        candidates: list[tuple[float, str, str]] = []
+        snap = self.vectors.snapshot()
+        if snap.ids:
+            sims = snap.similarities(vector[None, :])[0]
+            floor = min(same_at, profile.cross_script_merge)
+            for row in np.flatnonzero(sims >= floor):
+                kid = snap.ids[row]
+                info = self._info.get(kid)
+                if info is not None and info.key_type == "concept":
+                    candidates.append((float(sims[row]), kid, info.concept))
+        for p in pending:
+            if p.key_type == "concept":
+                candidates.append((float(p.vector @ vector), p.id, p.concept))
+        for sim, kid, other in sorted(candidates, reverse=True):
+            threshold = profile.cross_script_merge if cross_script(concept, other) else same_at
+            if sim >= threshold and not conflicting_qualifiers(concept, other):
+                return kid, sim
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NearKey:
+    your_key: str
+    existing_concept: str
+    key_id: str
+    similarity: float
+
+
+@dataclass(frozen=True, slots=True)
+class WriteHints:
+    near_keys: list[NearKey] = field(default_factory=list)
+    language_note: str | None = None
+    phrase_keys: list[str] | None = None
+    phrase_note: str | None = None
+    few_keys_note: str | None = None
+
+
+LANGUAGE_NOTE: Final = (
+    "All keys are in one language. Recall queries arrive in both Korean and English -- add "
+    "cross-lingual variants of the main concepts (for example '배포' with 'deployment')."
+)
+PHRASE_NOTE: Final = (
+    "These keys are phrases, not atomic concepts. Use 1-2 word concept keys (e.g. 'Nexora' and "
+    "'portfolio', not 'Nexora portfolio'): phrase keys are almost never reached again."
+)
+FEW_KEYS_NOTE: Final = "Fewer than 3 keys: add 3-6 atomic keys so the memory can be reached."
+
+
+def language_uniform(keys: Sequence[str]) -> bool:
+    scripts = {script_of(k) for k in keys} - {"other"}
+    return len(scripts) == 1

@@ -1,0 +1,1042 @@
+"""Retrieval: finding keys for a query, ranking a key's memories, hybrid recall and the
+push path.
+
+A query is analysed once (``plan_query``): its words, lexical tokens, the literal forms a
+key could take in it, and its candidate terms -- content words, nouns inside compounds
+and adjacent pairs -- embedded in one batch. Keys are 1-2 words, so they are matched with
+those terms, not with the whole question's vector.
+
+Three channels find memories: lexical (SQLite FTS5 BM25 over content and key tokens), the
+key path (keys the query reaches, weighted by how specific they are) and dense cosine over
+memory bodies. Reciprocal-rank fusion (K=60) merges them; depth and freshness modulate the
+result; a named date or period favours memories observed then; hops along narrow keys and
+explicit links add associated memories when the direct evidence is thin.
+
+The scoring helpers at the top are pure functions; the rest read through a ``MemoryGraph``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sqlite3
+import time
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from keymem_daemon.engine.dates import Window, find_window
+from keymem_daemon.engine.model import (
+    CompactKey,
+    ConnectedKey,
+    Hit,
+    KeyRef,
+    MatchedKey,
+    Memory,
+    NearestKey,
+    Preview,
+    RecallResult,
+)
+from keymem_daemon.engine.text import (
+    Word,
+    index_tokens_of,
+    literal_candidates,
+    normalize,
+    query_terms,
+    truncate,
+)
+from keymem_daemon.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from keymem_daemon.engine.graph import Host, MemoryGraph
+
+logger = logging.getLogger(__name__)
+
+RRF_K: Final = 60
+CHANNEL_DEPTH: Final = 50
+KEY_PATH_KEYS: Final = 10
+HOP_DECAY: Final = 0.3
+HOP_KEY_MAX_MEMBERS: Final = 5
+EXPAND_HOP_FACTOR: Final = 0.7
+TEMPORAL_BOOST: Final = 1.6
+# FTS5 bm25() weights for (content_tokens, key_tokens).
+LEXICAL_WEIGHTS: Final = (1.0, 0.6)
+# Content-only admission of a key in recall(): a member's bounded lexical score or body
+# cosine at or above these lets its key in although the key text is far from the query.
+CONTENT_LEX_GATE: Final = 0.6
+CONTENT_DENSE_GATE: Final = 0.55
+NEAREST_KEYS: Final = 5
+RERANK_POOL: Final = 30
+NO_MATCH_NOTE: Final = (
+    "No key cleared the recall gate. If a nearest_keys concept matches the topic, retry recall with that "
+    "concept (or read_key it directly); otherwise browse_keys(namespace) to see the vocabulary."
+)
+
+Scope = frozenset[str] | None
+
+
+# -- pure scoring helpers --------------------------------------------------------------
+
+
+def bounded(score: float) -> float:
+    """Map a non-negative BM25 score into [0, 1): s / (1 + s)."""
+    return score / (1.0 + score) if score > 0 else 0.0
+
+
+def sigmoid(logit: float) -> float:
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
+def rrf(rankings: Mapping[str, Sequence[str]], weights: Mapping[str, float] | None = None,
+        k: int = RRF_K) -> dict[str, float]:
+    """Reciprocal-rank fusion: each ranking adds ``weight / (k + rank + 1)`` per item."""
+    scores: dict[str, float] = {}
+    for name, ranking in rankings.items():
+        weight = 1.0 if weights is None else weights.get(name, 1.0)
+        for rank, item in enumerate(ranking):
+            scores[item] = scores.get(item, 0.0) + weight / (k + rank + 1)
+    return scores
+
+
+def depth_factor(depth: float) -> float:
+    return 0.9 + 0.1 * depth
+
+
+def top_indices(values: npt.NDArray[np.floating], n: int) -> npt.NDArray[np.intp]:
+    """Indices of the ``n`` largest values, largest first."""
+    if n <= 0 or values.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    if values.size > n:
+        part = np.argpartition(-values, n - 1)[:n]
+    else:
+        part = np.arange(values.size)
+    return part[np.argsort(-values[part], kind="stable")]
+
+
+def fts_query(tokens: Iterable[str]) -> str | None:
+    """An FTS5 MATCH expression that ORs the distinct tokens, each quoted."""
+    quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(tokens) if t]
+    return " OR ".join(quoted) if quoted else None
+
+
+# -- comparison queries (task-evidence selection) ---------------------------------------
+
+_COMPARISON_EN = re.compile(
+    r"\b(?:vs\.?|versus|both|compare[ds]?|comparison|differen(?:ce|t)|differ|earlier|later|first|"
+    r"same)\b|\b(?:which|who)\b.*\bor\b|\b(?:higher|lower|older|younger|more|less|bigger|smaller|"
+    r"better|worse)\b.*\bthan\b", re.I)
+_COMPARISON_KO = re.compile(r"둘 다|(?:^|\s)중(?:\s|$|에)|보다|비교|차이|동일|같(?:은|다|나요|습니까)|먼저|나중|누가|어느")
+_ENTITY_TAIL = re.compile(r"^(?:과|와|은|는|이|가|을|를|의|보다|중|랑|이랑|하고)?(?:$|[^\w])")
+
+
+def is_comparison(query: str) -> bool:
+    return bool(_COMPARISON_EN.search(query) or _COMPARISON_KO.search(query))
+
+
+def entity_mentions(query: str, entities: Mapping[str, Sequence[str]]) -> list[str]:
+    """Entity key ids whose concept or alias occurs in ``query`` as a whole word (a Korean
+    particle may follow), in order of first mention; overlapping mentions keep the longer."""
+    text = " " + re.sub(r"[^\w\s]", " ", unicodedata.normalize("NFKC", query).casefold()) + " "
+    spans: list[tuple[int, int, str]] = []
+    for key_id, forms in entities.items():
+        for form in forms:
+            needle = normalize(re.sub(r"[^\w\s]", " ", form))
+            if len(needle) < 2:
+                continue
+            start = 0
+            while (pos := text.find(needle, start)) >= 0:
+                start = pos + 1
+                if text[pos - 1].isalnum():
+                    continue
+                if _ENTITY_TAIL.match(text[pos + len(needle):]) is None:
+                    continue
+                spans.append((pos, pos + len(needle), key_id))
+    spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
+    chosen: list[str] = []
+    end = -1
+    for start, stop, key_id in spans:
+        if start < end:
+            continue
+        end = stop
+        if key_id not in chosen:
+            chosen.append(key_id)
+    return chosen
+
+
+def project_task_evidence(ranked: Sequence[str], keys_of: Mapping[str, set[str]], entities: Sequence[str],
+                          utility: Mapping[str, float], top_k: int) -> list[str]:
+    """For a comparison between entities, put the most useful memory of each entity first
+    (ties keep rank order); everything else keeps its order. Never drops a candidate."""
+    if top_k < 2 or len(ranked) <= top_k or len(entities) < 2:
+        return list(ranked)
+    picks: list[str] = []
+    for entity in entities[:top_k]:
+        best: tuple[float, int, str] | None = None
+        for rank, mid in enumerate(ranked):
+            if entity in keys_of.get(mid, set()) and mid not in picks:
+                candidate = (utility.get(mid, 0.0), -rank, mid)
+                if best is None or candidate > best:
+                    best = candidate
+        if best is not None:
+            picks.append(best[2])
+    if len(picks) < 2:
+        return list(ranked)
+    return picks + [m for m in ranked if m not in picks]
+
+
+# -- query analysis -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueryPlan:
+    text: str
+    words: list[Word]
+    tokens: list[str]
+    literal_forms: set[str]
+    terms: list[str]
+    term_vectors: npt.NDArray[np.float32]
+    vector: npt.NDArray[np.float32]
+    window: Window | None
+
+
+def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
+    words = graph.analyzer.analyze(text)
+    terms = query_terms(words, whole=text)
+    vectors = graph.embedder.embed([text[:2000], *terms])
+    return QueryPlan(
+        text=text, words=words, tokens=index_tokens_of(words), literal_forms=literal_candidates(words),
+        terms=terms, term_vectors=vectors[1:], vector=vectors[0], window=find_window(text, graph.clock()),
+    )
+
+
+def scope_clause(scope: Scope) -> tuple[str, list[Any]]:
+    if scope is None:
+        return "", []
+    marks = ",".join("?" * len(scope))
+    return f" AND m.namespace IN ({marks})", sorted(scope)
+
+
+def scope_of(namespace: str | None) -> Scope:
+    return None if namespace is None else frozenset({namespace})
+
+
+# -- channels -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class KeyScores:
+    """How strongly the query reaches each key: best term cosine, and literal matches."""
+
+    ids: list[str]
+    sims: npt.NDArray[np.float32]
+    literal: set[str]
+
+
+def score_keys(graph: MemoryGraph, plan: QueryPlan) -> KeyScores:
+    snap = graph.keys.snapshot()
+    literal = graph.keys.literal_ids(plan.literal_forms)
+    if not snap.ids or len(plan.term_vectors) == 0:
+        return KeyScores(list(snap.ids), np.zeros(len(snap.ids), dtype=np.float32), literal)
+    return KeyScores(snap.ids, snap.similarities(plan.term_vectors).max(axis=0), literal)
+
+
+def matched_keys(graph: MemoryGraph, scores: KeyScores, limit: int) -> list[tuple[str, float, bool]]:
+    """(key id, strength, literal) for keys the query reaches: literal matches (entities only
+    this way) and concept keys at or above ``key_recall``; strongest first."""
+    out: dict[str, tuple[float, bool]] = {}
+    threshold = graph.profile.key_recall
+    if scores.ids:
+        for row in top_indices(scores.sims, max(limit * 4, 40)):
+            sim = float(scores.sims[row])
+            if sim < threshold:
+                break
+            kid = scores.ids[row]
+            info = graph.keys.get(kid)
+            if info is not None and not info.is_entity:
+                out[kid] = (sim, False)
+    for kid in scores.literal:
+        if graph.keys.get(kid) is not None:
+            out[kid] = (1.0, True)
+    ranked = sorted(out.items(), key=lambda item: (-item[1][0], -graph.idf(item[0])))
+    return [(kid, strength, lit) for kid, (strength, lit) in ranked[:limit]]
+
+
+def lexical(conn: sqlite3.Connection, tokens: Sequence[str], scope: Scope, now: float,
+            limit: int = CHANNEL_DEPTH, rowids: Sequence[int] | None = None) -> list[tuple[str, float]]:
+    """BM25 over content and key tokens: (memory id, score >= 0), best first."""
+    match = fts_query(tokens)
+    if match is None:
+        return []
+    where, params = scope_clause(scope)
+    restrict = ""
+    if rowids is not None:
+        if not rowids:
+            return []
+        restrict = f" AND memory_fts.rowid IN ({','.join(str(int(r)) for r in rowids)})"
+    from keymem_daemon.engine.graph import ACTIVE
+
+    sql = (f"SELECT m.id, bm25(memory_fts, {LEXICAL_WEIGHTS[0]}, {LEXICAL_WEIGHTS[1]}) AS s "
+           f"FROM memory_fts JOIN memories m ON m.rowid = memory_fts.rowid "
+           f"WHERE memory_fts MATCH ?{restrict} AND {ACTIVE}{where} ORDER BY s LIMIT ?")
+    try:
+        rows = conn.execute(sql, [match, now, *params, limit]).fetchall()
+    except sqlite3.OperationalError as exc:
+        logger.warning("lexical search skipped: %s", exc)
+        return []
+    return [(r[0], -float(r[1])) for r in rows]
+
+
+def dense(graph: MemoryGraph, vector: npt.NDArray[np.float32], scope: Scope,
+          limit: int = CHANNEL_DEPTH) -> list[tuple[str, float]]:
+    """Cosine of the query with memory bodies: (memory id, cosine), best first."""
+    snap = graph.bodies.snapshot()
+    if not snap.ids:
+        return []
+    sims = snap.similarities(vector[None, :])[0]
+    if scope is not None:
+        codes = [graph.namespace_code(ns) for ns in scope]
+        sims[~np.isin(snap.groups, codes)] = -1.0
+    return [(snap.ids[i], float(sims[i])) for i in top_indices(sims, limit) if sims[i] > 0]
+
+
+def key_members(conn: sqlite3.Connection, key_ids: Sequence[str], scope: Scope, now: float,
+                per_key: int = 2000) -> dict[str, list[tuple[str, float]]]:
+    """Active members of each key in scope: key -> [(memory id, link weight)]."""
+    from keymem_daemon.engine.graph import ACTIVE
+
+    where, params = scope_clause(scope)
+    out: dict[str, list[tuple[str, float]]] = {}
+    for kid in key_ids:
+        rows = conn.execute(
+            f"SELECT l.memory_id, l.weight FROM links l JOIN memories m ON m.id = l.memory_id "
+            f"WHERE l.key_id = ? AND {ACTIVE}{where} ORDER BY l.weight DESC LIMIT ?",
+            [kid, now, *params, per_key]).fetchall()
+        out[kid] = [(r[0], float(r[1])) for r in rows]
+    return out
+
+
+def links_of(conn: sqlite3.Connection, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
+    """memory -> {key id: (weight, auto)}."""
+    out: dict[str, dict[str, tuple[float, bool]]] = {}
+    ids = list(dict.fromkeys(memory_ids))
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        for mid, kid, weight, auto in conn.execute(
+                f"SELECT memory_id, key_id, weight, auto FROM links WHERE memory_id IN ({marks})", chunk):
+            out.setdefault(mid, {})[kid] = (float(weight), bool(auto))
+    return out
+
+
+# -- ranking a key's members (read_key and the passive Top-1) ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    memory: Memory
+    weight: float
+    relevance: float | None
+    score: float
+
+
+def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
+                     memories: Sequence[Memory]) -> dict[str, float]:
+    """Content relevance in [0, 1] of each memory to the query: the cross-encoder's
+    sigmoid when a reranker is ready, else the better of bounded BM25 and body cosine."""
+    if not memories:
+        return {}
+    if graph.reranker is not None:
+        logits = graph.reranker.score(plan.text, [m.content for m in memories])
+        if logits is not None:
+            return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits)}
+    out = {m.id: 0.0 for m in memories}
+    rowids = [m.rowid for m in memories]
+    for mid, score in lexical(conn, plan.tokens, None, graph.clock(), limit=len(rowids), rowids=rowids):
+        out[mid] = max(out.get(mid, 0.0), bounded(score))
+    for m in memories:
+        vector = graph.bodies.get(m.id)
+        if vector is not None:
+            out[m.id] = max(out[m.id], float(vector @ plan.vector))
+    return out
+
+
+def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespace: str | None,
+                     *, pool: int | None, plan: QueryPlan | None = None) -> list[Member]:
+    """A key's active memories ranked by relevance x link weight x depth x freshness."""
+    from keymem_daemon.engine.graph import get_memories
+
+    now = graph.clock()
+    if query is not None and plan is None:
+        plan = plan_query(graph, query)
+
+    def read(conn: sqlite3.Connection) -> list[Member]:
+        members = key_members(conn, [key_id], scope_of(namespace), now, per_key=100_000)[key_id]
+        found = get_memories(conn, [m for m, _ in members])
+        memories = [found[m] for m, _ in members if m in found]
+        weights = dict(members)
+        relevance: dict[str, float] = {}
+        if plan is not None:
+            candidates = memories
+            if pool is not None and len(candidates) > pool:
+                # Large hubs: rank the pool on cheap signals first, then score it properly.
+                candidates = _prefilter(graph, plan, candidates, weights, pool)
+            relevance = member_relevance(graph, conn, plan, candidates)
+            memories = candidates
+        ranked = []
+        for m in memories:
+            rel = relevance.get(m.id) if plan is not None else None
+            base = (rel if rel is not None else 1.0) * weights[m.id]
+            score = base * depth_factor(m.depth) * graph.rank_factor_of(m, now)
+            ranked.append(Member(m, weights[m.id], rel, score))
+        ranked.sort(key=lambda x: (-x.score, -x.memory.created_at))
+        return ranked
+
+    return graph.store.read(read)
+
+
+def _prefilter(graph: MemoryGraph, plan: QueryPlan, memories: Sequence[Memory], weights: Mapping[str, float],
+               pool: int) -> list[Memory]:
+    scored = []
+    for m in memories:
+        vector = graph.bodies.get(m.id)
+        cos = float(vector @ plan.vector) if vector is not None else 0.0
+        scored.append((cos * weights[m.id], m))
+    scored.sort(key=lambda x: -x[0])
+    return [m for _, m in scored[:pool]]
+
+
+# -- recall: key clusters and the passive Top-1 -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCandidate:
+    key_id: str
+    score: float
+    match_type: str
+    literal: bool
+    content_memory: str | None
+
+
+def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k: int = 8,
+           context: object = None, explain: bool = False, max_chars: int = 2000,
+           host: Host | None = None) -> RecallResult:
+    """Ranked key clusters for the query, and the best memory under the best key."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("query must be a non-empty string", field="query")
+    if context is not None and not isinstance(context, str):
+        context = None
+    ns = graph.resolve_namespace(namespace)
+    top_k = min(20, max(1, top_k))
+    query = query.strip()[:2000]
+    plan = plan_query(graph, query)
+    cue_text = context.strip() if isinstance(context, str) and context.strip() else query
+    cue = plan if cue_text == query else plan_query(graph, cue_text[:4000])
+    now = graph.clock()
+    scores = score_keys(graph, plan)
+    candidates, weak = _key_candidates(graph, plan, cue, scores, ns, now)
+    graph.buffer.push(query, weak)
+    _count_alias_hits(graph, plan, scores)
+
+    def read(conn: sqlite3.Connection) -> tuple[list[CompactKey], int]:
+        ids = [c.key_id for c in candidates]
+        counts = graph.key_counts(conn, ids, ns, now)
+        out: list[CompactKey] = []
+        claimed: set[str] = set()
+        for c in candidates:
+            n = counts.get(c.key_id)
+            info = graph.keys.get(c.key_id)
+            if not n or info is None:
+                continue
+            if c.match_type == "content" and c.content_memory in claimed:
+                continue
+            if c.content_memory is not None and c.match_type == "content":
+                claimed.add(c.content_memory)
+            view = graph.key_view(info, n)
+            out.append(CompactKey(
+                key_id=info.id, concept=info.concept, aliases=list(info.aliases), key_type=info.key_type,
+                score=round(c.score, 3), match_type=c.match_type,  # type: ignore[arg-type]
+                memory_count=n, is_hub=view.is_hub, specificity=view.specificity))
+            if len(out) >= top_k:
+                break
+        total = 0
+        if explain or not out:
+            from keymem_daemon.engine.graph import ACTIVE
+
+            sql = f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE}"
+            params: list[Any] = [now]
+            if ns is not None:
+                sql += " AND m.namespace = ?"
+                params.append(ns)
+            total = conn.execute(sql, params).fetchone()[0]
+        return out, total
+
+    keys, ns_total = graph.store.read(read)
+    previews: list[Preview] = []
+    if keys:
+        preview = _top_memory(graph, keys[0].key_id, cue, ns, max_chars, context, host)
+        if preview is not None:
+            previews.append(preview)
+    status = "found" if keys else ("no_match" if ns_total else "empty_namespace")
+    if not keys:
+        nearest = nearest_keys(graph, plan, scores, ns, now)
+        return RecallResult(status=status, query=query, namespace=ns, keys=[], memories=[],  # type: ignore[arg-type]
+                            namespace_memory_count=ns_total if explain else None,
+                            nearest_keys=nearest, note=NO_MATCH_NOTE)
+    return RecallResult(status=status, query=query, namespace=ns, keys=keys, memories=previews,  # type: ignore[arg-type]
+                        namespace_memory_count=ns_total if explain else None)
+
+
+def _count_alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) -> None:
+    pairs = []
+    for kid in scores.literal:
+        info = graph.keys.get(kid)
+        if info is None:
+            continue
+        for alias, compact in zip(info.aliases, info.alias_compacts):
+            if compact in plan.literal_forms:
+                pairs.append((kid, alias))
+    if pairs:
+        graph.count_alias_hits(pairs)
+
+
+def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: float
+                    ) -> dict[str, tuple[float, str]]:
+    """Best content score of each key through its members: key -> (score, memory id)."""
+
+    def read(conn: sqlite3.Connection) -> dict[str, tuple[float, str]]:
+        per_memory: dict[str, float] = {}
+        for mid, score in lexical(conn, cue.tokens, scope_of(ns), now):
+            value = bounded(score)
+            if value >= CONTENT_LEX_GATE:
+                per_memory[mid] = max(per_memory.get(mid, 0.0), value)
+        for mid, cos in dense(graph, cue.vector, scope_of(ns)):
+            if cos >= CONTENT_DENSE_GATE:
+                per_memory[mid] = max(per_memory.get(mid, 0.0), cos)
+        if not per_memory:
+            return {}
+        from keymem_daemon.engine.graph import get_memories
+
+        found = get_memories(conn, per_memory)
+        out: dict[str, tuple[float, str]] = {}
+        for mid, keys in links_of(conn, per_memory).items():
+            m = found.get(mid)
+            if m is None or not m.active(now):
+                continue
+            value = per_memory[mid] * graph.rank_factor_of(m, now)
+            for kid, (_, auto) in keys.items():
+                if not auto and value > out.get(kid, (0.0, ""))[0]:
+                    out[kid] = (value, mid)
+        return out
+
+    return graph.store.read(read)
+
+
+def _key_candidates(graph: MemoryGraph, plan: QueryPlan, cue: QueryPlan, scores: KeyScores, ns: str | None,
+                    now: float) -> tuple[list[KeyCandidate], dict[str, float]]:
+    threshold = graph.profile.key_recall
+    content = _content_signal(graph, cue, ns, now)
+    pool: dict[str, KeyCandidate] = {}
+    weak: dict[str, float] = {}
+    sims = {scores.ids[i]: float(scores.sims[i]) for i in top_indices(scores.sims, 200)} if scores.ids else {}
+    floor = graph.settings.autokey_confirm_floor
+    for kid in set(sims) | scores.literal | set(content):
+        info = graph.keys.get(kid)
+        if info is None:
+            continue
+        literal = kid in scores.literal
+        sim = sims.get(kid, 0.0)
+        content_score, content_mid = content.get(kid, (0.0, None))
+        if info.is_entity:
+            if not literal:
+                continue
+            score, match = 1.0, _literal_type(info, plan)
+        else:
+            if not (literal or sim >= threshold or content_score > 0):
+                if floor <= sim < threshold:
+                    weak[kid] = round(sim, 3)
+                continue
+            score = max(sim, content_score)
+            if literal:
+                match = _literal_type(info, plan)
+            elif content_score > sim:
+                match = "content"
+            else:
+                match = "semantic"
+                weak[kid] = round(sim, 3)
+        pool[kid] = KeyCandidate(kid, score, match, literal, content_mid)
+    ranked = sorted(pool.values(), key=lambda c: (-round(c.score, 3), not c.literal, -graph.idf(c.key_id)))
+    return ranked, weak
+
+
+def _literal_type(info: Any, plan: QueryPlan) -> str:
+    return "concept" if info.compact in plan.literal_forms else "alias"
+
+
+def nearest_keys(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores, ns: str | None,
+                 now: float) -> list[NearestKey]:
+    """The closest keys with active memories in the namespace, below any gate."""
+    if not scores.ids:
+        return []
+    order = top_indices(scores.sims, 50)
+
+    def read(conn: sqlite3.Connection) -> list[NearestKey]:
+        ids = [scores.ids[i] for i in order]
+        counts = graph.key_counts(conn, ids, ns, now)
+        out = []
+        for i in order:
+            kid = scores.ids[i]
+            info = graph.keys.get(kid)
+            n = counts.get(kid)
+            if info is None or not n:
+                continue
+            out.append(NearestKey(key_id=kid, concept=info.concept, aliases=list(info.aliases),
+                                  key_type=info.key_type, score=round(float(scores.sims[i]), 3), memory_count=n))
+            if len(out) >= NEAREST_KEYS:
+                break
+        return out
+
+    return graph.store.read(read)
+
+
+def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None, max_chars: int,
+                context: object, host: Host | None) -> Preview | None:
+    pool = graph.settings.rerank_pool if graph.reranker is not None else None
+    ranked = rank_key_members(graph, key_id, cue.text, ns, pool=pool, plan=cue)
+    if not ranked:
+        return None
+    best = ranked[0]
+    memory = best.memory
+    now = graph.clock()
+
+    def read(conn: sqlite3.Connection) -> tuple[list[ConnectedKey], list[str] | None]:
+        connected = []
+        for kid, (_, auto) in links_of(conn, [memory.id]).get(memory.id, {}).items():
+            info = graph.keys.get(kid)
+            vector = graph.keys.vectors.get(kid)
+            if info is None or auto:
+                continue
+            relevance = float(vector @ cue.vector) if vector is not None else 0.0
+            connected.append(ConnectedKey(concept=info.concept, key_id=kid, relevance=round(relevance, 3)))
+        connected.sort(key=lambda c: -c.relevance)
+        return connected, graph.batch_siblings(conn, memory, now)
+
+    connected, siblings = graph.store.read(read)
+    content, cut = truncate(memory.content, max(256, min(20000, max_chars)))
+    auto_confirmed = None
+    validity = graph.validity_of(memory)
+    if graph.settings.auto_confirm and isinstance(context, str) and context.strip() \
+            and normalize(context) == normalize(memory.content):
+        confirmed = graph.confirm_memory(memory.id, "user", namespace=memory.namespace, host=host,
+                                         source={"tool": "recall_auto_confirm"})
+        auto_confirmed, validity = True, confirmed.validity
+    return Preview(
+        id=memory.id, content=content, namespace=memory.namespace, depth=round(memory.depth, 3),
+        created_at=memory.created_at, observed_at=memory.observed_at, validity=validity,
+        content_relevance=round(best.relevance or 0.0, 3), connected_keys=connected,
+        matched_key=MatchedKey(key_id), batch_sibling_ids=siblings,
+        content_truncated=True if cut else None, content_chars=len(memory.content) if cut else None,
+        auto_confirmed=auto_confirmed)
+
+
+# -- hybrid recall ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Candidate:
+    memory_id: str
+    score: float = 0.0
+    raw: float = 0.0
+    hop: int = 1
+    via: list[str] = field(default_factory=list)
+    hop_key: str | None = None
+
+    def tag(self, label: str) -> None:
+        if label not in self.via:
+            self.via.append(label)
+
+
+@dataclass(frozen=True, slots=True)
+class HybridResult:
+    hits: list[Hit]
+    matched_keys: list[str]
+    anchored: bool
+
+
+def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k: int = 5, hops: int = 2,
+                  min_rel_score: float = 0.0, min_depth: float = 0.0, reinforce: bool = True,
+                  context: str | None = None, max_chars: int | None = None,
+                  plan: QueryPlan | None = None) -> HybridResult:
+    """Lexical + key path + dense bodies, fused with RRF, modulated and expanded by hops."""
+    now = graph.clock()
+    plan = plan or plan_query(graph, query)
+    cue = plan if not context or context == query else plan_query(graph, context[:4000])
+    scores = score_keys(graph, plan)
+    keys = matched_keys(graph, scores, KEY_PATH_KEYS)
+    hops = min(5, max(1, hops))
+
+    def read(conn: sqlite3.Connection) -> tuple[dict[str, Candidate], dict[str, Memory],
+                                                 dict[str, dict[str, tuple[float, bool]]], bool]:
+        from keymem_daemon.engine.graph import get_memories
+
+        cands: dict[str, Candidate] = {}
+
+        def cand(mid: str) -> Candidate:
+            c = cands.get(mid)
+            if c is None:
+                c = cands[mid] = Candidate(mid)
+            return c
+
+        rankings: dict[str, list[str]] = {}
+        lex = lexical(conn, cue.tokens, scope, now)
+        rankings["lexical"] = [mid for mid, _ in lex]
+        for mid, score in lex:
+            c = cand(mid)
+            c.tag("(bm25)")
+            c.raw = max(c.raw, bounded(score) * 0.75)
+        den = [(mid, cos) for mid, cos in dense(graph, cue.vector, scope)]
+        rankings["dense"] = [mid for mid, cos in den]
+        for mid, cos in den:
+            c = cand(mid)
+            c.tag("(content)")
+            c.raw = max(c.raw, cos)
+        members = key_members(conn, [k for k, _, _ in keys], scope, now)
+        key_score: dict[str, float] = {}
+        for kid, strength, literal in keys:
+            info = graph.keys.get(kid)
+            if info is None:
+                continue
+            idf = graph.idf(kid)
+            for mid, weight in members.get(kid, []):
+                key_score[mid] = key_score.get(mid, 0.0) + strength * idf * weight
+                c = cand(mid)
+                c.tag(info.concept)
+                c.raw = max(c.raw, strength)
+        rankings["keys"] = sorted(key_score, key=lambda m: -key_score[m])[:CHANNEL_DEPTH]
+        fused = rrf(rankings)
+        for kid, _, literal in keys:
+            if literal:
+                for mid, _ in members.get(kid, []):
+                    fused[mid] = fused.get(mid, 0.0) + graph.idf(kid) / (RRF_K + 1)
+        if plan.window is not None:
+            where, params = scope_clause(scope)
+            from keymem_daemon.engine.graph import ACTIVE
+
+            rows = conn.execute(
+                f"SELECT m.id FROM memories m WHERE COALESCE(m.observed_at, m.created_at) >= ? AND "
+                f"COALESCE(m.observed_at, m.created_at) < ? AND {ACTIVE}{where} LIMIT 500",
+                [plan.window.start, plan.window.end, now, *params]).fetchall()
+            in_window = {r[0] for r in rows}
+            # A memory observed in the named period joins the pool even if no channel saw it.
+            for mid in in_window:
+                fused.setdefault(mid, 0.0)
+                cand(mid).tag("(date)")
+        found = get_memories(conn, cands)
+        for mid in list(cands):
+            m = found.get(mid)
+            if m is None or not m.active(now) or (scope is not None and m.namespace not in scope):
+                del cands[mid]
+                continue
+            score = fused.get(mid, 0.0)
+            if plan.window is not None and plan.window.contains(m.when):
+                score = (score + 1.0 / (RRF_K + 1)) * TEMPORAL_BOOST
+            cands[mid].score = score * depth_factor(m.depth) * graph.rank_factor_of(m, now)
+        anchored = any(c.raw >= graph.profile.key_recall for c in cands.values()) or bool(keys)
+        link_map = links_of(conn, cands)
+        if hops >= 2 and cands:
+            _expand(graph, conn, cands, found, link_map, scope, now, hops)
+        return cands, found, link_map, anchored
+
+    cands, found, link_map, anchored = graph.store.read(read)
+    if not anchored:
+        return HybridResult([], [k for k, _, _ in keys], False)
+    ranked = sorted(cands.values(), key=lambda c: -c.score)
+    if min_rel_score > 0 and ranked:
+        floor = ranked[0].score * min(0.9, min_rel_score)
+        ranked = [c for c in ranked if c.score >= floor]
+    if min_depth > 0:
+        ranked = [c for c in ranked if found[c.memory_id].depth >= min_depth]
+    ranked = _rerank(graph, cue.text, ranked, found, top_k)
+    if graph.settings.task_evidence and is_comparison(query):
+        ranked = _project(graph, query, ranked, link_map, top_k)
+    chosen = ranked[:top_k]
+    if reinforce and chosen:
+        _reinforce(graph, chosen, [k for k, _, _ in keys], link_map)
+    hits = _hits(graph, chosen, found, link_map, max_chars)
+    return HybridResult(hits, [k for k, _, _ in keys], True)
+
+
+def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candidate], found: dict[str, Memory],
+            link_map: dict[str, dict[str, tuple[float, bool]]], scope: Scope, now: float, hops: int) -> None:
+    """Spread activation along narrow keys and explicit links, hop by hop. A wide (hub) key
+    says little about association, so only keys with few members carry a hop."""
+    from keymem_daemon.engine.graph import get_memories
+
+    anchored = {mid for mid, c in cands.items() if any(v != "(bm25)" for v in c.via)}
+    frontier = sorted(cands, key=lambda m: -cands[m].score)[:10]
+    for hop in range(2, hops + 1):
+        gains: dict[str, tuple[float, str | None, str]] = {}
+        key_ids = {kid for mid in frontier for kid, (_, auto) in link_map.get(mid, {}).items() if not auto}
+        members = key_members(conn, sorted(key_ids), scope, now, per_key=HOP_KEY_MAX_MEMBERS + 1)
+        for mid in frontier:
+            source = cands[mid]
+            for kid, (_, auto) in link_map.get(mid, {}).items():
+                group = members.get(kid, [])
+                if auto or len(group) > HOP_KEY_MAX_MEMBERS:
+                    continue
+                info = graph.keys.get(kid)
+                for other, weight in group:
+                    if other == mid or other in cands:
+                        continue
+                    gain = source.score * HOP_DECAY * graph.idf(kid) * weight
+                    label = f"{info.concept}(via)" if info is not None and mid in anchored else ""
+                    prev = gains.get(other)
+                    gains[other] = ((prev[0] if prev else 0.0) + gain, kid, label)
+            for (other,) in conn.execute(
+                    "SELECT to_id FROM relations WHERE from_id = ? UNION SELECT from_id FROM relations WHERE to_id = ?",
+                    (mid, mid)):
+                if other in cands:
+                    continue
+                prev = gains.get(other)
+                gains[other] = ((prev[0] if prev else 0.0) + source.score * HOP_DECAY, None,
+                                "(linked)" if mid in anchored else "")
+        if not gains:
+            return
+        more = get_memories(conn, gains)
+        frontier = []
+        for other, (gain, kid, label) in gains.items():
+            m = more.get(other)
+            if m is None or not m.active(now) or (scope is not None and m.namespace not in scope):
+                continue
+            found[other] = m
+            c = Candidate(other, gain * graph.rank_factor_of(m, now) * EXPAND_HOP_FACTOR, 0.0, hop, [], kid)
+            if label:
+                c.tag(label)
+                anchored.add(other)
+            cands[other] = c
+            frontier.append(other)
+        link_map.update(links_of(conn, frontier))
+
+
+def _rerank(graph: MemoryGraph, query: str, ranked: list[Candidate], found: Mapping[str, Memory],
+            top_k: int) -> list[Candidate]:
+    if graph.reranker is None or len(ranked) < 2:
+        return ranked
+    pool = ranked[: max(top_k, graph.settings.rerank_pool)]
+    logits = graph.reranker.score(query, [found[c.memory_id].content for c in pool])
+    if logits is None:
+        return ranked
+    order = sorted(range(len(pool)), key=lambda i: -float(logits[i]))
+    for i in order:
+        pool[i].raw = max(pool[i].raw, sigmoid(float(logits[i])))
+    return [pool[i] for i in order] + ranked[len(pool):]
+
+
+def _project(graph: MemoryGraph, query: str, ranked: list[Candidate],
+             link_map: Mapping[str, Mapping[str, tuple[float, bool]]], top_k: int) -> list[Candidate]:
+    entities = {info.id: [info.concept, *info.aliases] for info in graph.keys.all() if info.is_entity}
+    mentioned = entity_mentions(query, entities)
+    if len(mentioned) < 2:
+        return ranked
+    order = project_task_evidence(
+        [c.memory_id for c in ranked], {mid: set(keys) for mid, keys in link_map.items()}, mentioned,
+        {c.memory_id: c.score for c in ranked}, top_k)
+    by_id = {c.memory_id: c for c in ranked}
+    return [by_id[m] for m in order]
+
+
+def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequence[str],
+               link_map: Mapping[str, Mapping[str, tuple[float, bool]]]) -> None:
+    """Access +1 for what was returned; the top result's links to the matched keys +0.1;
+    a returned hop's connecting link +0.05; unreturned members of the matched keys -0.005."""
+    from keymem_daemon.engine.graph import EXPLORED_DECAY, HOP_REINFORCE, LINK_MAX, LINK_MIN, REINFORCE
+
+    now = graph.clock()
+    top = chosen[0].memory_id
+    returned = {c.memory_id for c in chosen}
+    matched_set = set(matched)
+    bumps: list[tuple[float, str, str]] = [
+        (REINFORCE, kid, top) for kid in link_map.get(top, {}) if kid in matched_set]
+    bumps += [(HOP_REINFORCE, c.hop_key, c.memory_id) for c in chosen[1:] if c.hop >= 2 and c.hop_key]
+
+    def write(tx: Any) -> None:
+        conn = tx.conn
+        conn.executemany("UPDATE memories SET access_count = access_count + 1, last_accessed = ? WHERE id = ?",
+                         [(now, mid) for mid in returned])
+        conn.executemany(f"UPDATE links SET weight = MIN({LINK_MAX}, weight + ?) WHERE key_id = ? AND memory_id = ?",
+                         bumps)
+        if matched_set:
+            marks = ",".join("?" * len(matched_set))
+            skip = ",".join("?" * len(returned))
+            conn.execute(f"UPDATE links SET weight = MAX({LINK_MIN}, weight - ?) WHERE key_id IN ({marks}) "
+                         f"AND memory_id NOT IN ({skip})", [EXPLORED_DECAY, *matched_set, *returned])
+
+    graph.store.write(write)
+
+
+def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, Memory],
+          link_map: Mapping[str, Mapping[str, tuple[float, bool]]], max_chars: int | None) -> list[Hit]:
+    now = graph.clock()
+
+    def read(conn: sqlite3.Connection) -> list[Hit]:
+        from keymem_daemon.engine.graph import get_memories
+
+        fresh = get_memories(conn, [c.memory_id for c in chosen])
+        out = []
+        for c in chosen:
+            m = fresh.get(c.memory_id) or found[c.memory_id]
+            content, cut = (m.content, False) if max_chars is None else truncate(m.content, max_chars)
+            keys = [graph._concept(k) for k, (_, auto) in link_map.get(m.id, {}).items() if not auto]
+            out.append(Hit(
+                id=m.id, content=content, keys=keys, matched_via=list(c.via), hop=c.hop,
+                score=round(c.score, 6), rank_score=round(c.score, 6), relevance_score=round(c.raw, 3),
+                depth=round(m.depth, 3), access_count=m.access_count, source=m.source, supersedes=m.supersedes,
+                created_at=m.created_at, observed_at=m.observed_at, namespace=m.namespace,
+                related_to=graph.related_ids(conn, m.id), validity=graph.validity_of(m),
+                batch_sibling_ids=graph.batch_siblings(conn, m, now),
+                content_truncated=True if cut else None, content_chars=len(m.content) if cut else None))
+        return out
+
+    return graph.store.read(read)
+
+
+# -- the push path ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedMemory:
+    id: str
+    content: str
+    namespace: str
+    relevance_score: float
+    matched_key: KeyRef | None
+    keys: list[KeyRef]
+    validity: Any
+    content_truncated: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InjectResult:
+    context: str | None
+    memories: list[InjectedMemory]
+    keys: list[KeyRef]
+    took_ms: float
+    skipped: str | None = None
+
+
+MIN_PROMPT_CHARS: Final = 6
+INJECT_HEADER: Final = (
+    "Memories keymem surfaced for this message (unconfirmed; ignore any that are irrelevant). "
+    "read_memory(id) loads the full text and counts the access, but does not confirm it is still true. "
+    "Use fresh memories normally, qualify aging ones, and never assert a stale one as current -- verify "
+    "it or ask the user; confirm_memory(id, evidence) only with real evidence."
+)
+
+
+def render_inject(memories: Sequence[InjectedMemory], max_chars: int) -> str | None:
+    """The block the hook adds to the prompt, at most ``max_chars`` long (None if empty)."""
+    if not memories:
+        return None
+    head, tail = "<keymem-surfaced>\n" + INJECT_HEADER + "\n", "</keymem-surfaced>"
+    lines: list[str] = []
+    budget = max_chars - len(head) - len(tail)
+    per = max(80, budget // len(memories) - 1)
+    for m in memories:
+        key = f" key={m.matched_key.concept}" if m.matched_key is not None else ""
+        status = m.validity.status if m.validity is not None else "fresh"
+        prefix = f"- [{m.id} ns={m.namespace}{key} {status} rel={m.relevance_score:.2f}] "
+        text = " ".join(m.content.split())
+        room = per - len(prefix)
+        if room < 20:
+            break
+        if len(text) > room:
+            text = text[: room - 32].rstrip() + " …[truncated; read_memory for all]"
+        line = prefix + text
+        if sum(len(x) + 1 for x in lines) + len(line) + 1 > budget:
+            break
+        lines.append(line)
+    if not lines:
+        return None
+    return head + "\n".join(lines) + "\n" + tail
+
+
+def inject(graph: MemoryGraph, prompt: str, *, scope: Scope, top_k: int = 2, max_chars: int = 2000,
+           min_rel: float | None = None) -> InjectResult:
+    """Which memories belong next to this prompt (maybe none). A pure read: nothing surfaced
+    here is reinforced, accessed or confirmed."""
+    started = time.perf_counter()
+    text = prompt.strip()
+    if len(text) < MIN_PROMPT_CHARS:
+        return InjectResult(None, [], [], 0.0, skipped="too short")
+    if text.startswith("/"):
+        return InjectResult(None, [], [], 0.0, skipped="slash command")
+    floor = graph.settings.inject_min_rel if min_rel is None else min_rel
+    query = text[:4000]
+    result = hybrid_recall(graph, query, scope=scope, top_k=max(3 * top_k, 15), hops=2, reinforce=False,
+                           max_chars=max_chars)
+    picked: list[InjectedMemory] = []
+    for hit in result.hits:
+        # BM25-only and unanchored hop memories never ride in on their own.
+        if all(v in ("(bm25)", "(date)") or v.endswith("(via)") or v == "(linked)" for v in hit.matched_via):
+            continue
+        if hit.relevance_score < floor:
+            continue
+        content, cut = truncate(hit.content, max_chars)
+        matched = next((k for k in hit.matched_via if not k.startswith("(") and not k.endswith(")")), None)
+        refs = [KeyRef(concept=k, key_id=_key_id_of(graph, k)) for k in hit.keys]
+        matched_ref = next((r for r in refs if r.concept == matched), None)
+        picked.append(InjectedMemory(id=hit.id, content=content, namespace=hit.namespace,
+                                     relevance_score=hit.relevance_score, matched_key=matched_ref, keys=refs,
+                                     validity=hit.validity, content_truncated=True if cut else None))
+        if len(picked) >= top_k:
+            break
+    keys = [KeyRef(concept=graph._concept(k), key_id=k) for k in result.matched_keys[:8]]
+    took = (time.perf_counter() - started) * 1000
+    return InjectResult(render_inject(picked, max_chars), picked, keys, round(took, 2))
+
+
+def _key_id_of(graph: MemoryGraph, concept: str) -> str:
+    kid = graph.keys.by_norm(normalize(concept))
+    return kid or ""
+
+
+def parse_namespaces_file(text: str) -> dict[str, list[str]]:
+    """``namespaces.json``: {"<directory prefix>": ["namespace", ...]}."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("namespaces.json must be an object")
+    out: dict[str, list[str]] = {}
+    for prefix, names in data.items():
+        if isinstance(names, str):
+            names = [names]
+        if isinstance(prefix, str) and isinstance(names, list):
+            out[prefix] = [n for n in names if isinstance(n, str)]
+    return out
+
+
+def namespaces_for_cwd(mapping: Mapping[str, Sequence[str]], cwd: str | None) -> Scope:
+    """The namespaces the push path may surface for ``cwd``: those of the longest directory
+    prefix that contains it (path-segment aware), plus ``default``; None = every namespace."""
+    if not cwd or not mapping:
+        return None
+    from pathlib import PurePath
+
+    from keymem_daemon.engine.text import normalize_namespace
+
+    target = PurePath(cwd)
+    best: tuple[int, Sequence[str]] | None = None
+    for prefix, names in mapping.items():
+        base = PurePath(prefix.rstrip("/") or "/")
+        if target == base or base in target.parents:
+            depth = len(base.parts)
+            if best is None or depth > best[0]:
+                best = (depth, names)
+    if best is None:
+        return None
+    return frozenset({"default", *(normalize_namespace(n) for n in best[1])})
+

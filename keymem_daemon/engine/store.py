@@ -1,0 +1,358 @@
+"""The SQLite store: connections, the single writer, transactions and migrations.
+
+SQLite in WAL mode is the only source of truth. One thread owns the only write
+connection; ``Store.write(fn)`` hands ``fn`` to it, and it runs ``fn`` inside ``BEGIN
+IMMEDIATE`` ... ``COMMIT`` -- so every tool call is one transaction and writes never
+interleave. Callbacks registered with ``Tx.after_commit`` run on the writer thread only once
+the commit succeeded: that is where the in-memory vector tables are changed, so they never
+show a write that was rolled back. Reads use one connection per thread, each read in its
+own deferred transaction (a consistent snapshot).
+
+Migrations are an ordered list; ``PRAGMA user_version`` counts those applied, and each one
+commits together with its version bump. A database from a newer keymem is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from keymem_daemon.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS: Final = 10_000
+
+_SCHEMA_V1: Final = """
+CREATE TABLE meta (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE keys (
+    id TEXT PRIMARY KEY,
+    concept TEXT NOT NULL,
+    norm TEXT NOT NULL,
+    compact TEXT NOT NULL,
+    key_type TEXT NOT NULL DEFAULT 'concept' CHECK (key_type IN ('concept', 'name', 'proper_noun')),
+    vector BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX keys_by_norm ON keys(norm);
+
+CREATE TABLE aliases (
+    key_id TEXT NOT NULL REFERENCES keys(id) ON DELETE CASCADE,
+    alias TEXT NOT NULL,
+    norm TEXT NOT NULL,
+    compact TEXT NOT NULL,
+    learned INTEGER NOT NULL DEFAULT 0,
+    added_at REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, norm)
+) WITHOUT ROWID;
+CREATE INDEX aliases_by_norm ON aliases(norm);
+
+CREATE TABLE memories (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    content TEXT NOT NULL,
+    dedup_hash TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    depth REAL NOT NULL DEFAULT 0,
+    access_count INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    last_accessed REAL,
+    observed_at REAL,
+    last_confirmed_at REAL NOT NULL,
+    confirmation_count INTEGER NOT NULL DEFAULT 1,
+    decay_profile TEXT NOT NULL DEFAULT 'standard'
+        CHECK (decay_profile IN ('transient', 'standard', 'stable', 'permanent')),
+    last_confirmation_evidence TEXT,
+    last_confirmation_source TEXT,
+    last_confirmation_id TEXT,
+    expires_at REAL,
+    supersedes TEXT,
+    superseded_by TEXT,
+    source TEXT,
+    vector BLOB
+);
+CREATE INDEX memories_by_dedup ON memories(namespace, dedup_hash);
+CREATE INDEX memories_by_expiry ON memories(expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX memories_by_supersedes ON memories(supersedes) WHERE supersedes IS NOT NULL;
+
+CREATE TABLE links (
+    key_id TEXT NOT NULL REFERENCES keys(id) ON DELETE CASCADE,
+    memory_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+    weight REAL NOT NULL DEFAULT 1.0,
+    auto INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, memory_id)
+) WITHOUT ROWID;
+CREATE INDEX links_by_memory ON links(memory_id, key_id);
+
+CREATE TABLE relations (
+    from_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+    to_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+    PRIMARY KEY (from_id, to_id)
+) WITHOUT ROWID;
+CREATE INDEX relations_by_target ON relations(to_id);
+
+CREATE TABLE alias_candidates (
+    key_id TEXT NOT NULL REFERENCES keys(id) ON DELETE CASCADE,
+    norm TEXT NOT NULL,
+    query_text TEXT NOT NULL,
+    count INTEGER NOT NULL DEFAULT 0,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (key_id, norm)
+) WITHOUT ROWID;
+
+CREATE TABLE idempotency (
+    key TEXT PRIMARY KEY,
+    result TEXT NOT NULL,
+    created_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE VIRTUAL TABLE memory_fts USING fts5(
+    content_tokens, key_tokens, tokenize = 'unicode61 remove_diacritics 0'
+);
+"""
+
+
+def _execute_script(conn: sqlite3.Connection, script: str) -> None:
+    # Not executescript(): it COMMITs first, and a migration must commit with its version.
+    for statement in script.split(";\n"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    _execute_script(conn, _SCHEMA_V1)
+
+
+# Ordered: MIGRATIONS[i] takes a database from user_version i to i + 1.
+MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_migrate_v1,)
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+def _connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
+                           timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+@dataclass(slots=True)
+class Tx:
+    """A write transaction in progress: the connection, and work to do after COMMIT."""
+
+    conn: sqlite3.Connection
+    _after: list[Callable[[], None]] = field(default_factory=list)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._after.append(callback)
+
+
+_SHUTDOWN: Final = object()
+
+
+class Store:
+    """One SQLite database file, with its writer thread and per-thread readers."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer_conn = _connect(path)
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run_writer, name="keymem-writer", daemon=True)
+
+    @classmethod
+    def open(cls, path: Path, *, backup_dir: Path | None = None) -> Store:
+        """Open (creating if needed) and migrate the database at ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            store = cls(path)
+            conn = store._writer_conn
+            # journal_mode cannot change inside a transaction; set it before anything else.
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise StoreError(f"{path}: could not enable WAL journaling (got {mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            migrate(conn, path, backup_dir=backup_dir)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+        store._thread.start()
+        return store
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one write transaction on the writer thread; return its result."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("Store.write called from inside a write transaction")
+        if self._closed:
+            raise StoreError("the store is closed")
+        future: Future[T] = Future()
+        self._queue.put((fn, future))
+        return future.result()
+
+    def _run_writer(self) -> None:
+        conn = self._writer_conn
+        while True:
+            item = self._queue.get()
+            if item is _SHUTDOWN:
+                break
+            if isinstance(item, _Exclusive):
+                item.run()
+                continue
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            tx = Tx(conn)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                result = fn(tx)
+                conn.execute("COMMIT")
+            except BaseException as exc:  # noqa: BLE001 - every failure rolls back
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.DatabaseError):
+                    exc = StoreError(f"the store refused the write: {exc}")
+                future.set_exception(exc)
+                continue
+            for callback in tx._after:
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("an after-commit step failed; the in-memory index may lag")
+            future.set_result(result)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.DatabaseError:
+            logger.warning("final WAL checkpoint failed; SQLite will recover it on next open")
+        conn.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise StoreError("the store is closed")
+            conn = _connect(self.path)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on this thread's read connection inside one snapshot."""
+        conn = self._reader()
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"the store refused a read: {exc}") from exc
+        finally:
+            conn.execute("COMMIT")
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the main file (called by the scheduler and at close)."""
+        self._exclusive(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+
+    def backup_to(self, dest: Path) -> None:
+        """A consistent online copy of the database at ``dest``."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_suffix(dest.suffix + ".partial")
+
+        def copy(conn: sqlite3.Connection) -> None:
+            target = sqlite3.connect(partial)
+            try:
+                conn.backup(target)
+            finally:
+                target.close()
+
+        self._exclusive(copy)
+        partial.replace(dest)
+
+    def integrity_check(self) -> str:
+        return str(self.read(lambda conn: conn.execute("PRAGMA integrity_check").fetchone()[0]))
+
+    def _exclusive(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+        """Run ``fn`` on the writer connection outside any transaction (between writes)."""
+        future: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                fn(self._writer_conn)
+            except BaseException as exc:  # noqa: BLE001
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+        self._queue.put(_Exclusive(run))
+        future.result()
+
+    def close(self) -> None:
+        """Finish queued writes, checkpoint, and close every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_SHUTDOWN)
+        self._thread.join()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class _Exclusive:
+    run: Callable[[], None]
+
+
+def migrate(conn: sqlite3.Connection, path: Path, *, backup_dir: Path | None = None) -> None:
+    """Apply every pending migration, each in its own transaction with its version bump."""
+    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} was written by a newer keymem (schema {current}, this version knows "
+            f"{SCHEMA_VERSION}); upgrade keymem instead of downgrading the store"
+        )
+    if current < SCHEMA_VERSION and current > 0 and backup_dir is not None:
+        backup_dir.mkdir(parents=True, exist_ok=True)
+        target = backup_dir / f"keymem-before-schema-{current + 1}.db"
+        copy = sqlite3.connect(target)
+        try:
+            conn.backup(copy)
+        finally:
+            copy.close()
+        logger.info("backed up the store to %s before migrating", target)
+    for version in range(current, SCHEMA_VERSION):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version](conn)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        logger.info("store migrated to schema %d", version + 1)
+

@@ -1,0 +1,281 @@
+"""Text: the one normalisation, and the analysis that turns text into words for the
+lexical index, literal key matching and query terms.
+
+``normalize`` (NFKC, casefold, collapsed whitespace) is the only normalisation: dedup,
+exact key matches, namespaces and auto-confirm all go through it.
+
+``Analyzer.analyze`` splits normalised text into words. A Latin word becomes its Snowball
+stem (``deployments`` -> ``deploy``). A Korean eojeol goes through Kiwi: its leading run of
+nominal morphemes becomes one stem, so the particle or ending that follows never fuses
+with the noun (``배포를``, ``배포가``, ``배포했다`` -> ``배포``); the nouns inside a compound
+are kept as sub-words (``코드리뷰`` -> ``코드리뷰``, ``코드``, ``리뷰``). Kiwi is loaded on the
+first Hangul text, because it costs about 240 MB; an English-only store never pays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final
+
+logger = logging.getLogger(__name__)
+
+_SPACE = re.compile(r"\s+")
+_HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
+_LATIN_WORD = re.compile(r"[^\W_]+")
+_CJK_SINGLE = re.compile(r"^[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3\u3040-\u30ff\u4e00-\u9fff]$")
+
+TRUNCATION_MARKER: Final = "\n…[truncated; use read_memory for full content]"
+
+
+def normalize(text: str) -> str:
+    """NFKC, casefold, whitespace collapsed and stripped: the one comparison form."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def normalize_namespace(value: str | None) -> str:
+    """A namespace as stored and compared; empty means ``default``."""
+    if value is None:
+        return "default"
+    text = normalize(value)
+    return text or "default"
+
+
+def has_hangul(text: str) -> bool:
+    return _HANGUL.search(text) is not None
+
+
+def is_single_cjk(text: str) -> bool:
+    """One Hangul/Han/Kana character: a meaningful key (집, 돈, 車) although one char long."""
+    return _CJK_SINGLE.match(text) is not None
+
+
+def is_short_concept(text: str) -> bool:
+    """At most two words, or at most 15 characters (upstream's isShortConcept)."""
+    stripped = text.strip()
+    return len(stripped.split()) <= 2 or len(stripped) <= 15
+
+
+def truncate(content: str, max_chars: int) -> tuple[str, bool]:
+    """Cut ``content`` to ``max_chars`` including the marker; returns (text, was_cut)."""
+    if len(content) <= max_chars:
+        return content, False
+    keep = max(0, max_chars - len(TRUNCATION_MARKER))
+    return content[:keep].rstrip() + TRUNCATION_MARKER, True
+
+
+# Words that carry no topic. English: function words, auxiliaries and question words.
+# Korean: pronouns, dependent nouns and light verbs that survive morpheme tagging.
+STOPWORDS: Final = frozenset(
+    """a about above after again against all am an and any are aren't as at be because been
+    before being below between both but by can could did didn't do does doesn't doing don't
+    down during each few for from further had has have having he her here hers herself him
+    himself his how i if in into is isn't it it's its itself just let me more most my myself
+    no nor not now of off on once only or other our ours ourselves out over own same she
+    should so some such than that the their theirs them themselves then there these they this
+    those through to too under until up very was wasn't we were weren't what when where which
+    while who whom why will with would you your yours yourself yourselves also ever tell
+    please know anything something thing things get got ok okay yes yeah hey hi hello s t d ll
+    ve re m
+    것 거 수 등 때 중 우리 저희 나 저 너 그 이 저것 이것 그것 뭐 무엇 무슨 어디 언제 누구 왜 어떻게
+    어느 하 있 없 되 않 좀 잘 더 또 다 너무 정말 진짜 그냥 알리 주 보 말하 대하 관하 관련 대한
+    내 제 네 혹시 그거 이거 저거 아무""".split()
+)
+
+# Kiwi tags whose morphemes form the nominal stem of an eojeol.
+_NOMINAL_TAGS: Final = frozenset(
+    {"NNG", "NNP", "NNB", "NR", "NP", "SL", "SH", "SN", "XR", "MM", "XPN"}
+)
+# Nominal morphemes also indexed on their own when they sit inside a compound.
+_SUBWORD_TAGS: Final = frozenset({"NNG", "NNP", "SL", "SH", "XR"})
+_PREDICATE_TAGS: Final = frozenset({"VV", "VA"})
+# Dependent nouns, pronouns and determiners alone do not make a topic word.
+_WEAK_TAGS: Final = frozenset({"NNB", "NP", "MM"})
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One word of analysed text.
+
+    ``stem`` is the comparison form (Snowball stem, or a Korean nominal stem / predicate
+    lemma); ``subs`` are the nouns inside a Korean compound; ``surface`` is the normalised
+    text the word came from, used when the word is embedded as a query term.
+    """
+
+    stem: str
+    surface: str
+    subs: tuple[str, ...] = ()
+    stop: bool = False
+    nominal: bool = True
+
+
+class Analyzer:
+    """Turns text into ``Word``s. Thread-safe; Kiwi loads lazily on the first Hangul text."""
+
+    def __init__(self) -> None:
+        import Stemmer
+
+        self._stemmer = Stemmer.Stemmer("english")
+        self._stem_lock = threading.Lock()
+        self._kiwi: Any = None
+        self._kiwi_lock = threading.Lock()
+
+    @property
+    def kiwi_loaded(self) -> bool:
+        return self._kiwi is not None
+
+    def preload_kiwi(self) -> None:
+        self._get_kiwi()
+
+    def _get_kiwi(self) -> Any:
+        if self._kiwi is None:
+            with self._kiwi_lock:
+                if self._kiwi is None:
+                    from kiwipiepy import Kiwi
+
+                    logger.info("loading the Kiwi Korean analyser")
+                    # The multi-word and typo dictionaries add ~180 MB and change nothing
+                    # for short memory texts; the default morpheme model is kept.
+                    kiwi = Kiwi(num_workers=-1, load_multi_dict=False, load_typo_dict=False)
+                    kiwi.tokenize("준비")
+                    self._kiwi = kiwi
+        return self._kiwi
+
+    def stem(self, word: str) -> str:
+        with self._stem_lock:
+            return str(self._stemmer.stemWord(word))
+
+    def _latin_words(self, text: str) -> list[Word]:
+        out = []
+        for match in _LATIN_WORD.finditer(text):
+            surface = match.group()
+            out.append(Word(self.stem(surface), surface, (), surface in STOPWORDS))
+        return out
+
+    def analyze(self, text: str) -> list[Word]:
+        """The words of ``text`` (normalised first), in order."""
+        norm = normalize(text)
+        if not norm:
+            return []
+        if not has_hangul(norm):
+            return self._latin_words(norm)
+        kiwi = self._get_kiwi()
+        tokens = kiwi.tokenize(norm)
+        words: list[Word] = []
+        # Group morphemes by the whitespace-delimited eojeol they start in.
+        spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", norm)]
+        groups: list[list[Any]] = [[] for _ in spans]
+        span_index = 0
+        for token in tokens:
+            while span_index + 1 < len(spans) and token.start >= spans[span_index][1]:
+                span_index += 1
+            groups[span_index].append(token)
+        for (start, end), morphemes in zip(spans, groups):
+            surface = norm[start:end]
+            if not has_hangul(surface):
+                words.extend(self._latin_words(surface))
+                continue
+            words.extend(self._eojeol_words(surface, start, morphemes))
+        return words
+
+    def _eojeol_words(self, surface: str, offset: int, morphemes: Sequence[Any]) -> list[Word]:
+        block: list[Any] = []
+        for m in morphemes:
+            if m.tag in _NOMINAL_TAGS or m.tag.startswith("W_"):
+                block.append(m)
+            else:
+                break
+        words: list[Word] = []
+        if block:
+            begin = block[0].start - offset
+            finish = block[-1].start + block[-1].len - offset
+            stem = surface[max(0, begin):max(begin + 1, finish)]
+            weak = all(m.tag in _WEAK_TAGS for m in block)
+            subs: list[str] = []
+            if len(block) > 1:
+                for m in block:
+                    if m.tag in _SUBWORD_TAGS and len(m.form) >= 2:
+                        subs.append(self.stem(m.form) if m.tag == "SL" else m.form)
+            if not has_hangul(stem):
+                stem = self.stem(stem)
+            words.append(Word(stem, stem, tuple(subs), weak or stem in STOPWORDS))
+        rest = morphemes[len(block):]
+        for m in rest:
+            if m.tag in _PREDICATE_TAGS:
+                words.append(Word(m.form, m.form, (), m.form in STOPWORDS, nominal=False))
+                break
+            if m.tag == "MAG":
+                words.append(Word(m.form, m.form, (), m.form in STOPWORDS, nominal=False))
+                break
+        return words
+
+    def index_tokens(self, text: str) -> list[str]:
+        """Tokens for the lexical index and BM25: stems and sub-words, stopwords dropped."""
+        return index_tokens_of(self.analyze(text))
+
+    @lru_cache(maxsize=50_000)  # noqa: B019 - one analyzer per process; keys repeat endlessly
+    def key_tokens(self, text: str) -> tuple[str, ...]:
+        """``index_tokens`` of a key's text, cached."""
+        return tuple(self.index_tokens(text))
+
+    @lru_cache(maxsize=50_000)  # noqa: B019
+    def compact(self, text: str) -> str:
+        """A key's literal form: its stems concatenated (``Code Review`` -> ``codereview``)."""
+        return "".join(w.stem for w in self.analyze(text))
+
+
+def index_tokens_of(words: Iterable[Word]) -> list[str]:
+    out: list[str] = []
+    for word in words:
+        if not word.stop:
+            out.append(word.stem)
+        out.extend(word.subs)
+    return out
+
+
+def literal_candidates(words: Sequence[Word], *, max_span: int = 4) -> set[str]:
+    """Every compact form a key could have to occur literally in these words: runs of up to
+    ``max_span`` consecutive stems, and the sub-words of compounds."""
+    found: set[str] = set()
+    for i in range(len(words)):
+        run = ""
+        for j in range(i, min(len(words), i + max_span)):
+            run += words[j].stem
+            found.add(run)
+        found.update(words[i].subs)
+    return found
+
+
+def query_terms(words: Sequence[Word], *, whole: str | None = None, limit: int = 32) -> list[str]:
+    """Short texts to embed against keys: content words, nouns inside compounds, adjacent
+    pairs of content words, and the whole query when it is short. Keys are 1-2 words, so
+    these meet them at their own length (the whole question's vector reaches almost none)."""
+    terms: list[str] = []
+    seen: set[str] = set()
+
+    def add(term: str) -> None:
+        if term and term not in seen and len(terms) < limit:
+            seen.add(term)
+            terms.append(term)
+
+    content = [w for w in words if not w.stop]
+    if whole is not None and len(content) <= 3:
+        add(normalize(whole))
+    for w in content:
+        add(w.surface)
+        for sub in w.subs:
+            add(sub)
+    for a, b in zip(words, words[1:]):
+        if not a.stop and not b.stop and a.nominal and b.nominal:
+            add(f"{a.surface} {b.surface}")
+    return terms
+
+
+@lru_cache(maxsize=1)
+def default_analyzer() -> Analyzer:
+    return Analyzer()
