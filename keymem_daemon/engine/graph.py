@@ -49,6 +49,7 @@ from keymem_daemon.engine.keys import (
     KeyInfo,
     KeyType,
     PendingKey,
+    conflicting_qualifiers,
     cross_script,
     language_uniform,
     sanitize_keys,
@@ -319,6 +320,12 @@ class MemoryGraph:
         if code is None:
             code = self._namespace_codes[namespace] = len(self._namespace_codes) + 1
         return code
+
+    def reload_indexes(self) -> None:
+        """Rebuild the in-memory key index and body vectors from the store (after an import)."""
+        self.keys = KeyIndex(self.embedder.dim)
+        self.bodies = VectorTable(self.embedder.dim)
+        self._load_indexes()
 
     def _load_indexes(self) -> None:
         started = time.perf_counter()
@@ -798,7 +805,8 @@ class MemoryGraph:
         order = {k: i for i, k in enumerate(keys)}
         for i, h in enumerate(hangul):
             j = int(np.argmax(sims[i]))
-            if int(np.argmax(sims[:, j])) == i and sims[i, j] >= self.profile.translation_pair:
+            if int(np.argmax(sims[:, j])) == i and sims[i, j] >= self.profile.translation_pair \
+                    and not conflicting_qualifiers(h, latin[j]):
                 first, second = sorted((h, latin[j]), key=order.__getitem__)
                 pairs[second] = first
         return pairs

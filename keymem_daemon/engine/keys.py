@@ -35,7 +35,20 @@ MAX_KEY_CHARS: Final = 100
 MAX_KEYS: Final = 12
 PHRASE_TOKENS: Final = 3
 
-_QUALIFIER = re.compile(r"^(?:[a-z]|\d+|v\d+(?:\.\d+)*|[ivx]{1,4})$")
+_QUALIFIER = re.compile(r"^(?:[a-z]|\d+|[ivx]{1,4})$")
+_PIECE = re.compile(r"\d+|[^\W\d_]+")
+_SCRIPT_RUN = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]+|[^\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]+")
+# Closed series whose members embed close together but are never the same thing.
+_CALENDAR: Final = {
+    **{name: f"weekday{i}" for i, names in enumerate((
+        ("monday", "mon", "월요일"), ("tuesday", "tue", "tues", "화요일"), ("wednesday", "wed", "수요일"),
+        ("thursday", "thu", "thurs", "목요일"), ("friday", "fri", "금요일"), ("saturday", "sat", "토요일"),
+        ("sunday", "sun", "일요일"))) for name in names},
+    **{name: f"month{i}" for i, names in enumerate((
+        ("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"), ("may",),
+        ("june", "jun"), ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"),
+        ("october", "oct"), ("november", "nov"), ("december", "dec")), start=1) for name in names},
+}
 _LATIN = re.compile(r"[a-zA-Z]")
 
 
@@ -51,12 +64,31 @@ def cross_script(a: str, b: str) -> bool:
     return {script_of(a), script_of(b)} == {"hangul", "latin"}
 
 
+def _pieces(text: str) -> list[str]:
+    """Digit runs and letter runs (split where Hangul meets Latin): ``1팀`` -> 1, 팀."""
+    out: list[str] = []
+    for run in _PIECE.findall(normalize(text)):
+        out.extend(_SCRIPT_RUN.findall(run) if not run.isdigit() else [run])
+    return out
+
+
+def _calendar_slot(text: str) -> str | None:
+    return _CALENDAR.get(normalize(text).replace(" ", ""))
+
+
 def conflicting_qualifiers(a: str, b: str) -> bool:
-    """``Agent A`` vs ``Agent B``: same words except a final letter/number qualifier."""
-    ta, tb = normalize(a).split(), normalize(b).split()
-    if len(ta) != len(tb) or len(ta) < 2 or ta[:-1] != tb[:-1] or ta[-1] == tb[-1]:
+    """Keys that name different members of one series never merge, whatever their cosine:
+    ``Agent A``/``Agent B``, ``v1``/``v2``, ``1팀``/``2팀``, ``Q3``/``Q4``, and different
+    weekdays or months in either language (``Monday``/``화요일``)."""
+    slot_a, slot_b = _calendar_slot(a), _calendar_slot(b)
+    if slot_a is not None and slot_b is not None:
+        return slot_a != slot_b
+    pa, pb = _pieces(a), _pieces(b)
+    if len(pa) != len(pb) or pa == pb:
         return False
-    return bool(_QUALIFIER.match(ta[-1]) and _QUALIFIER.match(tb[-1]))
+    differing = [(x, y) for x, y in zip(pa, pb) if x != y]
+    shared = len(pa) - len(differing)
+    return shared >= 1 and all(_QUALIFIER.match(x) and _QUALIFIER.match(y) for x, y in differing)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,388 @@
+"""Export and import: the whole store as one lossless JSON document, and upstream
+keymem's ``graph.json``.
+
+An export lists keys (with aliases), memories (every field, history included), links,
+explicit relations and pending alias candidates, sorted by id, so exporting, wiping and
+importing gives the same document back. Vectors are left out unless asked for: they are a
+function of the text and the embedder, and importing re-embeds whatever is missing.
+
+An import is validated as a whole before anything is written, then written in one
+transaction: a bad record names its place (``memories[12].namespace``) and changes nothing.
+Records whose id already exists are skipped (a merge); an imported key whose text equals
+an existing key's lands on that key.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from keymem_daemon.engine.freshness import DECAY_PROFILES
+from keymem_daemon.engine.graph import MemoryGraph, dedup_hash, vector_bytes
+from keymem_daemon.engine.keys import KEY_TYPES
+from keymem_daemon.engine.store import SCHEMA_VERSION, Tx
+from keymem_daemon.engine.text import normalize, normalize_namespace
+from keymem_daemon.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
+
+FORMAT: Final = "keymem-export"
+VERSION: Final = 1
+EMBED_BATCH: Final = 256
+
+Progress = Callable[[str, int, int], None]
+
+_MEMORY_FIELDS: Final = (
+    "id", "content", "namespace", "depth", "access_count", "created_at", "updated_at", "last_accessed",
+    "observed_at", "last_confirmed_at", "confirmation_count", "decay_profile", "last_confirmation_evidence",
+    "last_confirmation_source", "last_confirmation_id", "expires_at", "supersedes", "superseded_by", "source",
+)
+
+
+def _b64(blob: bytes | None) -> str | None:
+    return None if blob is None else base64.b64encode(blob).decode()
+
+
+def export(graph: MemoryGraph, *, include_vectors: bool = False) -> dict[str, Any]:
+    def read(conn: Any) -> dict[str, Any]:
+        aliases: dict[str, list[dict[str, Any]]] = {}
+        for row in conn.execute("SELECT key_id, alias, learned, added_at, hits FROM aliases ORDER BY key_id, norm"):
+            aliases.setdefault(row["key_id"], []).append(
+                {"alias": row["alias"], "learned": bool(row["learned"]), "added_at": row["added_at"],
+                 "hits": row["hits"]})
+        keys = []
+        for row in conn.execute("SELECT id, concept, key_type, created_at, vector FROM keys ORDER BY id"):
+            item: dict[str, Any] = {"id": row["id"], "concept": row["concept"], "key_type": row["key_type"],
+                                    "created_at": row["created_at"], "aliases": aliases.get(row["id"], [])}
+            if include_vectors:
+                item["vector"] = _b64(row["vector"])
+            keys.append(item)
+        memories = []
+        columns = ", ".join(_MEMORY_FIELDS)
+        for row in conn.execute(f"SELECT {columns}, vector FROM memories ORDER BY id"):
+            item = {name: row[name] for name in _MEMORY_FIELDS}
+            for name in ("source", "last_confirmation_source"):
+                item[name] = json.loads(item[name]) if item[name] else None
+            if include_vectors:
+                item["vector"] = _b64(row["vector"])
+            memories.append(item)
+        links = [{"key_id": r[0], "memory_id": r[1], "weight": r[2], "auto": bool(r[3])} for r in conn.execute(
+            "SELECT key_id, memory_id, weight, auto FROM links ORDER BY key_id, memory_id")]
+        relations = [{"from": r[0], "to": r[1]} for r in conn.execute(
+            "SELECT from_id, to_id FROM relations ORDER BY from_id, to_id")]
+        candidates = [{"key_id": r[0], "query_text": r[1], "count": r[2], "last_seen": r[3]} for r in conn.execute(
+            "SELECT key_id, query_text, count, last_seen FROM alias_candidates ORDER BY key_id, norm")]
+        return {"keys": keys, "memories": memories, "links": links, "relations": relations,
+                "alias_candidates": candidates}
+
+    body = graph.store.read(read)
+    return {"format": FORMAT, "version": VERSION, "schema": SCHEMA_VERSION,
+            "embedder": graph.embedder.fingerprint, **body}
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+class _Check:
+    """Field checks that name the record and field on failure."""
+
+    def __init__(self, where: str, record: object) -> None:
+        if not isinstance(record, Mapping):
+            raise InvalidInput(f"{where} must be an object", field=where)
+        self.where = where
+        self.record = record
+
+    def fail(self, name: str, what: str) -> InvalidInput:
+        return InvalidInput(f"{self.where}.{name} {what}", field=f"{self.where}.{name}")
+
+    def text(self, name: str, *, optional: bool = False, nonempty: bool = True) -> str | None:
+        value = self.record.get(name)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or (nonempty and not value.strip()):
+            raise self.fail(name, "must be a non-empty string")
+        return value
+
+    def number(self, name: str, *, optional: bool = False, default: float | None = None,
+               low: float = -math.inf, high: float = math.inf) -> float | None:
+        value = self.record.get(name)
+        if value is None:
+            if optional:
+                return default
+            raise self.fail(name, "is required")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.fail(name, "must be a finite number")
+        if not low <= value <= high:
+            raise self.fail(name, f"must be within [{low}, {high}]")
+        return float(value)
+
+    def obj(self, name: str) -> dict[str, Any] | None:
+        value = self.record.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(name, "must be an object or null")
+        return value
+
+
+@dataclass(slots=True)
+class _Plan:
+    keys: list[dict[str, Any]]
+    memories: list[dict[str, Any]]
+    links: list[dict[str, Any]]
+    relations: list[tuple[str, str]]
+    candidates: list[dict[str, Any]]
+
+
+def _from_upstream(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Upstream keymem ``graph.json`` -> this module's export shape."""
+    keys_in = data.get("keys")
+    memories_in = data.get("memories")
+    if not isinstance(keys_in, Mapping) or not isinstance(memories_in, Mapping):
+        raise InvalidInput("graph.json must have objects `keys` and `memories`", field="keys")
+    keys = []
+    for kid, k in keys_in.items():
+        if not isinstance(k, Mapping):
+            raise InvalidInput(f"keys.{kid} must be an object", field=f"keys.{kid}")
+        learned = {a.get("alias"): a for a in (k.get("learnedAliases") or []) if isinstance(a, Mapping)}
+        aliases = []
+        for alias in k.get("aliases") or []:
+            if isinstance(alias, str):
+                info = learned.get(alias)
+                aliases.append({"alias": alias, "learned": info is not None,
+                                "added_at": (info or {}).get("addedAt"), "hits": (info or {}).get("hits", 0)})
+        keys.append({"id": k.get("id", kid), "concept": k.get("concept"), "key_type": k.get("key_type", "concept"),
+                     "aliases": aliases})
+    memories, relations = [], []
+    superseded_by = {m.get("supersedes"): mid for mid, m in memories_in.items()
+                     if isinstance(m, Mapping) and m.get("supersedes")}
+    for mid, m in memories_in.items():
+        if not isinstance(m, Mapping):
+            raise InvalidInput(f"memories.{mid} must be an object", field=f"memories.{mid}")
+        memories.append({
+            "id": m.get("id", mid), "content": m.get("content"), "namespace": m.get("namespace") or "default",
+            "depth": m.get("depth", 0.0), "access_count": m.get("access_count", 0),
+            "created_at": m.get("created_at"), "last_accessed": m.get("last_accessed") or None,
+            "last_confirmed_at": m.get("last_confirmed_at"), "confirmation_count": m.get("confirmation_count"),
+            "decay_profile": m.get("decay_profile"),
+            "last_confirmation_evidence": m.get("last_confirmation_evidence"),
+            "last_confirmation_source": m.get("last_confirmation_source"),
+            "last_confirmation_id": m.get("last_confirmation_id"),
+            "expires_at": m.get("ttl"), "supersedes": m.get("supersedes"),
+            "superseded_by": superseded_by.get(m.get("id", mid)), "source": m.get("source"),
+        })
+        relations.extend({"from": m.get("id", mid), "to": t} for t in m.get("links") or [] if isinstance(t, str))
+    links = [{"key_id": link.get("key_id"), "memory_id": link.get("memory_id"), "weight": link.get("weight", 1.0),
+              "auto": bool(link.get("auto"))} for link in data.get("links") or [] if isinstance(link, Mapping)]
+    return {"format": "upstream-graph", "keys": keys, "memories": memories, "links": links,
+            "relations": relations, "alias_candidates": []}
+
+
+def _validate(data: Mapping[str, Any], now: float) -> _Plan:
+    for name in ("keys", "memories", "links"):
+        if not isinstance(data.get(name), list):
+            raise InvalidInput(f"`{name}` must be an array", field=name)
+    keys, memories, links = [], [], []
+    seen_keys: set[str] = set()
+    for i, raw in enumerate(data["keys"]):
+        c = _Check(f"keys[{i}]", raw)
+        kid = c.text("id")
+        assert kid is not None
+        if kid in seen_keys:
+            raise c.fail("id", f"repeats key id {kid!r}")
+        seen_keys.add(kid)
+        kind = raw.get("key_type") or "concept"
+        if kind not in KEY_TYPES:
+            raise c.fail("key_type", f"must be one of {', '.join(KEY_TYPES)}")
+        aliases = []
+        for j, alias in enumerate(raw.get("aliases") or []):
+            a = _Check(f"keys[{i}].aliases[{j}]", alias if isinstance(alias, Mapping) else {"alias": alias})
+            aliases.append({"alias": a.text("alias"), "learned": bool(a.record.get("learned")),
+                            "added_at": a.number("added_at", optional=True, default=now),
+                            "hits": int(a.number("hits", optional=True, default=0, low=0) or 0)})
+        vector = raw.get("vector")
+        keys.append({"id": kid, "concept": c.text("concept"), "key_type": kind,
+                     "created_at": c.number("created_at", optional=True, default=now),
+                     "aliases": aliases, "vector": vector if isinstance(vector, str) else None})
+    seen_memories: set[str] = set()
+    for i, raw in enumerate(data["memories"]):
+        c = _Check(f"memories[{i}]", raw)
+        mid = c.text("id")
+        assert mid is not None
+        if mid in seen_memories:
+            raise c.fail("id", f"repeats memory id {mid!r}")
+        seen_memories.add(mid)
+        created = c.number("created_at", optional=True, default=now)
+        profile = raw.get("decay_profile") or "standard"
+        if profile not in DECAY_PROFILES:
+            raise c.fail("decay_profile", f"must be one of {', '.join(DECAY_PROFILES)}")
+        namespace = raw.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise c.fail("namespace", "must be a string")
+        vector = raw.get("vector")
+        memories.append({
+            "id": mid, "content": c.text("content"), "namespace": normalize_namespace(namespace),
+            "depth": c.number("depth", optional=True, default=0.0, low=0.0, high=1.0),
+            "access_count": int(c.number("access_count", optional=True, default=0, low=0) or 0),
+            "created_at": created, "updated_at": c.number("updated_at", optional=True, default=created),
+            "last_accessed": c.number("last_accessed", optional=True),
+            "observed_at": c.number("observed_at", optional=True),
+            "last_confirmed_at": c.number("last_confirmed_at", optional=True, default=created),
+            "confirmation_count": int(c.number("confirmation_count", optional=True, default=1, low=1) or 1),
+            "decay_profile": profile,
+            "last_confirmation_evidence": c.text("last_confirmation_evidence", optional=True),
+            "last_confirmation_source": c.obj("last_confirmation_source"),
+            "last_confirmation_id": c.text("last_confirmation_id", optional=True),
+            "expires_at": c.number("expires_at", optional=True),
+            "supersedes": c.text("supersedes", optional=True),
+            "superseded_by": c.text("superseded_by", optional=True),
+            "source": c.obj("source"), "vector": vector if isinstance(vector, str) else None,
+        })
+    for i, raw in enumerate(data["links"]):
+        c = _Check(f"links[{i}]", raw)
+        kid, mid = c.text("key_id"), c.text("memory_id")
+        if kid not in seen_keys:
+            raise c.fail("key_id", f"names no key of the import: {kid!r}")
+        if mid not in seen_memories:
+            raise c.fail("memory_id", f"names no memory of the import: {mid!r}")
+        links.append({"key_id": kid, "memory_id": mid,
+                      "weight": c.number("weight", optional=True, default=1.0, low=0.0, high=10.0),
+                      "auto": bool(raw.get("auto"))})
+    relations = []
+    for i, raw in enumerate(data.get("relations") or []):
+        c = _Check(f"relations[{i}]", raw)
+        a, b = c.text("from"), c.text("to")
+        if a in seen_memories and b in seen_memories and a != b:
+            relations.append((a, b))
+    candidates = []
+    for i, raw in enumerate(data.get("alias_candidates") or []):
+        c = _Check(f"alias_candidates[{i}]", raw)
+        if c.text("key_id") in seen_keys:
+            candidates.append({"key_id": raw["key_id"], "query_text": c.text("query_text"),
+                               "count": int(c.number("count", optional=True, default=1, low=0) or 0),
+                               "last_seen": c.number("last_seen", optional=True, default=now)})
+    return _Plan(keys, memories, links, relations, candidates)
+
+
+def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progress | None = None
+                ) -> dict[str, Any]:
+    """Validate, embed and write an export (or an upstream graph.json) in one transaction."""
+    if data.get("format") == FORMAT:
+        if data.get("version") != VERSION:
+            raise InvalidInput(f"unsupported export version {data.get('version')!r} (this keymem reads {VERSION})",
+                               field="version")
+        shape: Mapping[str, Any] = data
+    elif isinstance(data.get("keys"), Mapping):
+        shape = _from_upstream(data)
+    else:
+        raise InvalidInput("not a keymem export (format 'keymem-export') nor an upstream graph.json", field="format")
+    now = graph.clock()
+    plan = _validate(shape, now)
+    report = progress or (lambda phase, done, total: None)
+    same_space = shape.get("embedder") == graph.embedder.fingerprint
+
+    key_vectors: dict[str, bytes] = {}
+    todo = []
+    for k in plan.keys:
+        if same_space and k["vector"]:
+            key_vectors[k["id"]] = base64.b64decode(k["vector"])
+        else:
+            todo.append((k["id"], k["concept"]))
+    body_vectors: dict[str, bytes] = {}
+    for m in plan.memories:
+        if same_space and m["vector"]:
+            body_vectors[m["id"]] = base64.b64decode(m["vector"])
+        else:
+            todo.append((m["id"], m["content"]))
+    total = len(todo)
+    key_ids = {k["id"] for k in plan.keys}
+    for start in range(0, total, EMBED_BATCH):
+        chunk = todo[start:start + EMBED_BATCH]
+        for (item_id, _), vector in zip(chunk, graph.embedder.embed([text for _, text in chunk])):
+            (key_vectors if item_id in key_ids else body_vectors)[item_id] = vector_bytes(vector)
+        report("embedding", min(total, start + EMBED_BATCH), total)
+    tokens: dict[str, str] = {}
+    for i, m in enumerate(plan.memories):
+        tokens[m["id"]] = " ".join(graph.analyzer.index_tokens(m["content"]))
+        if (i + 1) % 500 == 0 or i + 1 == len(plan.memories):
+            report("indexing", i + 1, len(plan.memories))
+
+    def write(tx: Tx) -> dict[str, Any]:
+        return _write(graph, tx, plan, key_vectors, body_vectors, tokens)
+
+    result = graph.store.write(write)
+    report("writing", 1, 1)
+    graph.reload_indexes()
+    logger.info("import: %s", result)
+    return result
+
+
+def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, bytes],
+           body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
+    conn = tx.conn
+    key_map: dict[str, str] = {}
+    imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
+    skipped = {"keys": 0, "memories": 0}
+    for k in plan.keys:
+        existing = conn.execute("SELECT id FROM keys WHERE id = ? OR norm = ? ORDER BY id = ? DESC LIMIT 1",
+                                (k["id"], normalize(k["concept"]), k["id"])).fetchone()
+        if existing is not None:
+            key_map[k["id"]] = existing[0]
+            skipped["keys"] += 1
+        else:
+            key_map[k["id"]] = k["id"]
+            conn.execute("INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
+                          k["key_type"], key_vectors[k["id"]], k["created_at"]))
+            imported["keys"] += 1
+        for a in k["aliases"]:
+            if normalize(a["alias"]) == normalize(k["concept"]):
+                continue
+            conn.execute("INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
+                          int(a["learned"]), a["added_at"], a["hits"]))
+    new_memories: set[str] = set()
+    for m in plan.memories:
+        if conn.execute("SELECT 1 FROM memories WHERE id = ?", (m["id"],)).fetchone():
+            skipped["memories"] += 1
+            continue
+        new_memories.add(m["id"])
+        values = {name: m[name] for name in _MEMORY_FIELDS}
+        for name in ("source", "last_confirmation_source"):
+            values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
+        columns = ", ".join([*_MEMORY_FIELDS, "dedup_hash", "vector"])
+        marks = ", ".join("?" * (len(_MEMORY_FIELDS) + 2))
+        conn.execute(f"INSERT INTO memories({columns}) VALUES ({marks})",
+                     [*values.values(), dedup_hash(m["content"]), body_vectors[m["id"]]])
+        imported["memories"] += 1
+    for link in plan.links:
+        if link["memory_id"] not in new_memories:
+            continue
+        cur = conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
+                           (key_map[link["key_id"]], link["memory_id"], link["weight"], int(link["auto"])))
+        imported["links"] += cur.rowcount
+    for a, b in plan.relations:
+        if a in new_memories:
+            imported["relations"] += conn.execute(
+                "INSERT OR IGNORE INTO relations(from_id, to_id) VALUES (?, ?)", (a, b)).rowcount
+    for c in plan.candidates:
+        conn.execute("INSERT OR IGNORE INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
+                     "VALUES (?, ?, ?, ?, ?)",
+                     (key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"], c["last_seen"]))
+    # A supersession pointing outside the store would hide a memory forever: drop it.
+    conn.execute("UPDATE memories SET superseded_by = NULL WHERE superseded_by IS NOT NULL AND "
+                 "superseded_by NOT IN (SELECT id FROM memories)")
+    for mid in new_memories:
+        row = conn.execute("SELECT rowid, superseded_by FROM memories WHERE id = ?", (mid,)).fetchone()
+        if row["superseded_by"] is None:
+            conn.execute("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) VALUES (?, ?, ?)",
+                         (row["rowid"], tokens[mid], graph._key_tokens_of(conn, mid)))
+    return {"imported": imported, "skipped": skipped}
+

@@ -1,0 +1,270 @@
+"""The daemon's operations, one method per route or tool, with no HTTP in sight.
+
+``Service`` owns the loading state (``starting`` -> ``ready`` or ``failed``), the memory
+graph once it is loaded, and the bits of per-request context the engine needs (who the
+host is, which namespaces a cwd may see). ``api.py`` maps routes onto these methods;
+tests can call them directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from keymem_daemon import instructions, tools, transcripts
+from keymem_daemon.config import Settings
+from keymem_daemon.engine import retrieval, transfer
+from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.model import render
+from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
+
+logger = logging.getLogger(__name__)
+
+State = Literal["starting", "ready", "failed"]
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class InjectRequest:
+    prompt: str
+    cwd: str | None = None
+    namespace: str | None = None
+    top_k: int = 2
+    max_chars: int | None = None
+    session_id: str | None = None
+    agent: str | None = None
+
+
+@dataclass(slots=True)
+class _NamespaceMap:
+    mtime: float = -1.0
+    mapping: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Service:
+    """Everything the daemon does, behind its HTTP routes."""
+
+    def __init__(self, settings: Settings, *, clock: Clock = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.state: State = "starting"
+        self.error: str | None = None
+        self.started_at = clock()
+        self.graph: MemoryGraph | None = None
+        self.embedder_note: str | None = None
+        self.reranker: Any = None
+        self.progress: Any = None
+        self._namespaces = _NamespaceMap()
+        self._lock = threading.Lock()
+        self._roots = transcripts.TranscriptRoots.from_settings(settings)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load the embedder and the store (blocking; the daemon runs it in a thread)."""
+        from keymem_daemon.engine.text import default_analyzer
+        from keymem_daemon.models.download import DownloadProgress
+        from keymem_daemon.models.embedders import CachedEmbedder, load_embedder_or_default
+        from keymem_daemon.models.reranker import RerankerManager
+
+        started = time.perf_counter()
+        try:
+            self.progress = DownloadProgress()
+            embedder, note = load_embedder_or_default(self.settings, progress=self.progress)
+            self.embedder_note = note
+            if note:
+                logger.warning("%s", note)
+            self.reranker = RerankerManager(self.settings, progress=self.progress, clock=self.clock)
+            graph = MemoryGraph.open(
+                self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
+                reranker=self.reranker if self.settings.rerank != "false" else None,
+                progress=lambda kind, done, total: logger.info("re-embedding %s: %d/%d", kind, done, total))
+            if graph.has_hangul_content():
+                default_analyzer().preload_kiwi()
+            graph.cleanup_expired()
+            self.graph = graph
+            self.state = "ready"
+            logger.info("ready in %.2f s (embedder %s)", time.perf_counter() - started, embedder.fingerprint)
+        except Exception as exc:
+            self.state = "failed"
+            self.error = str(exc)
+            logger.exception("loading failed")
+
+    def close(self) -> None:
+        graph, self.graph = self.graph, None
+        if graph is not None:
+            graph.close()
+
+    def ready_graph(self) -> MemoryGraph:
+        if self.graph is None:
+            if self.state == "failed":
+                raise NotReady(f"keymem failed to load: {self.error}")
+            raise NotReady("keymem is still loading its store and models; retry in a moment")
+        return self.graph
+
+    def health(self) -> dict[str, Any]:
+        from keymem_daemon import __version__
+
+        out: dict[str, Any] = {"status": self.state, "version": __version__, "pid": os.getpid()}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    # -- host identity --------------------------------------------------------------------
+
+    def host(self, agent: str | None, session: str | None, cwd: str | None) -> Host:
+        """Who is calling, from request headers; the turn is read from the host's transcript
+        only when transcript access is allowed."""
+        if agent not in transcripts.AGENTS or not session or not transcripts.is_uuid(session):
+            return Host(cwd=cwd)
+        turn = 0
+        if self.settings.transcript_access != "false":
+            try:
+                turn = max(0, transcripts.count_turns(self._roots, agent, session) - 1)  # type: ignore[arg-type]
+            except (OSError, KeymemError):
+                turn = 0
+        return Host(agent=agent, session=session.lower(), turn=turn, cwd=cwd)
+
+    # -- tools, instructions, prompts -----------------------------------------------------
+
+    def tool_definitions(self, host: Host) -> list[dict[str, Any]]:
+        return tools.definitions(self.settings, host)
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any] | None, host: Host,
+                  idempotency_key: str | None = None) -> tools.Outcome:
+        if name not in tools.TOOLS_BY_NAME:
+            raise NotFound(f"Unknown tool: {name}")
+        ctx = tools.Context(self.ready_graph(), self.settings, host,
+                            idempotency_key if name in tools.WRITE_TOOLS else None)
+        return tools.call_tool(ctx, name, arguments)
+
+    def stats_line(self) -> str:
+        if self.graph is None:
+            return "still loading"
+        return self.graph.stats().summary()
+
+    def instructions(self) -> str:
+        return instructions.instructions(self.stats_line(), hook_installed=self.settings.hook_installed)
+
+    def prompts(self) -> list[dict[str, Any]]:
+        return [{"name": instructions.PROMPT_NAME, "description": instructions.PROMPT_DESCRIPTION,
+                 "arguments": []}]
+
+    def get_prompt(self, name: str) -> dict[str, Any]:
+        if name != instructions.PROMPT_NAME:
+            raise NotFound(f"Unknown prompt: {name}")
+        text = instructions.prompt_text(self.stats_line(), hook_installed=self.settings.hook_installed)
+        return {"description": instructions.PROMPT_DESCRIPTION,
+                "messages": [{"role": "user", "content": {"type": "text", "text": text}}]}
+
+    # -- push path ------------------------------------------------------------------------
+
+    def namespace_map(self) -> dict[str, list[str]]:
+        """``namespaces.json``, re-read when it changes; an unreadable file maps nothing."""
+        path = self.settings.namespaces_path
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return {}
+        with self._lock:
+            if mtime != self._namespaces.mtime:
+                try:
+                    mapping = retrieval.parse_namespaces_file(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as exc:
+                    logger.warning("ignoring %s: %s", path, exc)
+                    mapping = {}
+                self._namespaces = _NamespaceMap(mtime, mapping)
+            return self._namespaces.mapping
+
+    def inject(self, request: InjectRequest) -> retrieval.InjectResult:
+        graph = self.ready_graph()
+        if request.namespace is not None and request.namespace.strip():
+            scope = retrieval.scope_of(graph.resolve_namespace(request.namespace))
+        else:
+            scope = retrieval.namespaces_for_cwd(self.namespace_map(), request.cwd)
+        max_chars = request.max_chars or self.settings.inject_max_chars
+        return retrieval.inject(graph, request.prompt, scope=scope, top_k=min(10, max(1, request.top_k)),
+                                max_chars=max(256, min(20000, max_chars)))
+
+    # -- operations -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "state": self.state, "uptime_s": round(self.clock() - self.started_at, 1),
+            "data_dir": str(self.settings.data_dir),
+        }
+        if self.graph is not None:
+            out.update(render(self.graph.stats()))
+            out["embedder"] = self.graph.embedder.fingerprint
+            from keymem_daemon.engine.text import default_analyzer
+
+            out["korean_analyzer"] = "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)"
+        if self.embedder_note:
+            out["embedder_note"] = self.embedder_note
+        if self.reranker is not None:
+            out["reranker"] = self.reranker.status()
+        if self.progress is not None:
+            out["downloads"] = self.progress.snapshot()
+        return out
+
+    def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
+        return transfer.export(self.ready_graph(), include_vectors=include_vectors)
+
+    def import_(self, data: Any, *, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
+        return transfer.import_data(self.ready_graph(), data, progress=progress)
+
+    def import_events(self, data: Any) -> Iterator[str]:
+        """Run an import in a worker thread, yielding NDJSON lines as it goes: progress
+        events, then one ``done`` (with the counts) or ``error`` line."""
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def progress(phase: str, done: int, total: int) -> None:
+            lines.put(json.dumps({"event": "progress", "phase": phase, "done": done, "total": total}))
+
+        def work() -> None:
+            try:
+                result = self.import_(data, progress=progress)
+                lines.put(json.dumps({"event": "done", "result": result}))
+            except KeymemError as exc:
+                lines.put(json.dumps({"event": "error", "error": {"code": exc.code, "message": exc.message}}))
+            except Exception:
+                logger.exception("import failed")
+                lines.put(json.dumps({"event": "error", "error": {"code": "internal",
+                                                                  "message": "the import failed; see the log"}}))
+            finally:
+                lines.put(None)
+
+        threading.Thread(target=work, name="keymem-import", daemon=True).start()
+        while (line := lines.get()) is not None:
+            yield line
+
+    def cleanup(self) -> dict[str, Any]:
+        return render(self.ready_graph().cleanup_expired())
+
+    def checkpoint(self) -> None:
+        if self.graph is not None:
+            self.graph.store.checkpoint()
+
+    def backup(self) -> str | None:
+        """An online backup under <data>/backups, keeping the newest ``backup_keep``."""
+        graph = self.graph
+        if graph is None:
+            return None
+        stamp = datetime.fromtimestamp(self.clock(), timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        target = self.settings.backup_dir / f"keymem-{stamp}.db"
+        graph.store.backup_to(target)
+        backups = sorted(self.settings.backup_dir.glob("keymem-2*.db"))
+        for old in backups[: max(0, len(backups) - self.settings.backup_keep)]:
+            old.unlink(missing_ok=True)
+        logger.info("backup written to %s", target)
+        return str(target)
