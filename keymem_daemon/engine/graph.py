@@ -113,7 +113,8 @@ _MEMORY_COLUMNS: Final = (
     "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
     "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
 )
-ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at > ?)"
+# A memory is active until (and including) its expiry instant, as Memory.expired says.
+ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= ?)"
 
 
 def new_id() -> str:
@@ -442,6 +443,16 @@ class MemoryGraph:
         return [r[0] for r in conn.execute(
             "SELECT alias FROM aliases WHERE key_id = ? AND learned = 1 ORDER BY added_at", (key_id,))]
 
+    def token_stats(self, tokens: Iterable[str]) -> tuple[dict[str, int], int]:
+        """How many active memories contain each token, and how many there are."""
+        unique = list(dict.fromkeys(tokens))
+        if not unique:
+            return {}, len(self.bodies)
+        marks = ",".join("?" * len(unique))
+        rows = self.store.read(lambda c: c.execute(
+            f"SELECT term, doc FROM memory_vocab WHERE term IN ({marks})", unique).fetchall())
+        return {r[0]: int(r[1]) for r in rows}, len(self.bodies)
+
     def idf(self, key_id: str) -> float:
         """1 for a key on one memory, 1/n on n (all namespaces, history included); entities
         count half, since a name key says who, not what."""
@@ -641,7 +652,12 @@ class MemoryGraph:
                     continue
                 source = self.stamp("remember_batch", host, item.source,
                                     {"batch_id": batch_id} if batch_id else None)
-                saved, dedup, _ = self._store_memory(tx, item, vectors, source)
+                try:
+                    saved, dedup, _ = self._store_memory(tx, item, vectors, source)
+                except InvalidInput as exc:
+                    # Raised before the item wrote anything (its references are checked first).
+                    out.append(BatchItem(index=index, error=exc.message, field=exc.field))
+                    continue
                 out.append(BatchItem(index=index, saved=saved, deduplicated=dedup,
                                      redacted=item.redacted or None))
             ok = sum(1 for i in out if i.saved)
@@ -1404,7 +1420,7 @@ class MemoryGraph:
                 superseded=conn.execute("SELECT COUNT(*) FROM memories WHERE superseded_by IS NOT NULL")
                 .fetchone()[0],
                 expired_pending_cleanup=conn.execute(
-                    "SELECT COUNT(*) FROM memories WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                    "SELECT COUNT(*) FROM memories WHERE expires_at IS NOT NULL AND expires_at < ?",
                     (now,)).fetchone()[0],
             )
 

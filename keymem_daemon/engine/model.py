@@ -411,7 +411,7 @@ class Hit:
     namespace: str
     related_to: list[str]
     validity: Validity
-    score_kind: str = "rrf_fused_rank"
+    score_kind: str = "evidence_rank"
     batch_sibling_ids: list[str] | None = omit()
     content_truncated: bool | None = omit()
     content_chars: int | None = omit()

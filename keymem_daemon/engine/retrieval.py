@@ -58,13 +58,30 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RRF_K: Final = 60
 CHANNEL_DEPTH: Final = 50
 KEY_PATH_KEYS: Final = 10
 HOP_DECAY: Final = 0.3
 HOP_KEY_MAX_MEMBERS: Final = 5
 EXPAND_HOP_FACTOR: Final = 0.7
-TEMPORAL_BOOST: Final = 1.6
+# A memory observed inside a date window the query names scores this many times higher.
+TEMPORAL_BOOST: Final = 2.0
+# Evidence scoring (measured on LoCoMo conversations 0-2, checked on 3-4; see README):
+# a query token is covered by a memory lexically, or through one of its keys at this
+# cosine or above; the body cosine (of the query's rarer words) is added with this weight.
+SOFT_KEY_MATCH: Final = 0.7
+DENSE_WEIGHT: Final = 0.6
+COMMON_SHARE: Final = 0.2
+# Memories of one episode (observed within EPISODE_GAP of each other) share in the
+# evidence of the EPISODE_SEEDS best candidates, with this share of their score.
+EPISODE_SEEDS: Final = 5
+EPISODE_BONUS: Final = 0.2
+EPISODE_GAP: Final = 1800.0
+CANDIDATE_DEPTH: Final = 100
+# Body cosine at which the dense channel alone admits a memory as a candidate; below it a
+# memory must come through another channel (or a hop), so hops still mean something.
+DENSE_ADMIT: Final = 0.3
+# Below this relevance nothing anchors a hybrid recall: it answers nothing rather than noise.
+MIN_ANCHOR: Final = 0.35
 # FTS5 bm25() weights for (content_tokens, key_tokens).
 LEXICAL_WEIGHTS: Final = (1.0, 0.6)
 # Content-only admission of a key in recall(): a member's bounded lexical score or body
@@ -91,17 +108,6 @@ def bounded(score: float) -> float:
 
 def sigmoid(logit: float) -> float:
     return 1.0 / (1.0 + math.exp(-logit))
-
-
-def rrf(rankings: Mapping[str, Sequence[str]], weights: Mapping[str, float] | None = None,
-        k: int = RRF_K) -> dict[str, float]:
-    """Reciprocal-rank fusion: each ranking adds ``weight / (k + rank + 1)`` per item."""
-    scores: dict[str, float] = {}
-    for name, ranking in rankings.items():
-        weight = 1.0 if weights is None else weights.get(name, 1.0)
-        for rank, item in enumerate(ranking):
-            scores[item] = scores.get(item, 0.0) + weight / (k + rank + 1)
-    return scores
 
 
 def depth_factor(depth: float) -> float:
@@ -195,6 +201,10 @@ def project_task_evidence(ranked: Sequence[str], keys_of: Mapping[str, set[str]]
 
 @dataclass(frozen=True, slots=True)
 class QueryPlan:
+    """A query analysed once: its words and tokens, the literal forms a key could take in
+    it, its candidate terms and their vectors, each token's weight (IDF in the store), the
+    vector of its rarer words (``focus_vector``) and any date window it names."""
+
     text: str
     words: list[Word]
     tokens: list[str]
@@ -202,16 +212,36 @@ class QueryPlan:
     terms: list[str]
     term_vectors: npt.NDArray[np.float32]
     vector: npt.NDArray[np.float32]
+    focus_vector: npt.NDArray[np.float32]
+    token_vectors: dict[str, npt.NDArray[np.float32]]
+    weights: dict[str, float]
     window: Window | None
 
 
 def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     words = graph.analyzer.analyze(text)
     terms = query_terms(words, whole=text)
-    vectors = graph.embedder.embed([text[:2000], *terms])
+    tokens = index_tokens_of(words)
+    df, total = graph.token_stats(tokens)
+    weights = {t: math.log(1.0 + (total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in dict.fromkeys(tokens)}
+    content = [w for w in words if not w.stop]
+    # Words most memories share (a speaker's name, "project") say little about which
+    # memory is meant; the dense channel embeds the rest.
+    focus = [w.surface for w in content if df.get(w.stem, 0) < COMMON_SHARE * max(1, total)]
+    focus_text = " ".join(focus or [w.surface for w in content]) or text
+    vectors = graph.embedder.embed([text[:2000], focus_text[:2000], *terms])
+    by_term = dict(zip(terms, vectors[2:]))
+    token_vectors: dict[str, npt.NDArray[np.float32]] = {}
+    for w in content:
+        if w.surface in by_term:
+            token_vectors.setdefault(w.stem, by_term[w.surface])
+        for sub in w.subs:
+            if sub in by_term:
+                token_vectors.setdefault(sub, by_term[sub])
     return QueryPlan(
-        text=text, words=words, tokens=index_tokens_of(words), literal_forms=literal_candidates(words),
-        terms=terms, term_vectors=vectors[1:], vector=vectors[0], window=find_window(text, graph.clock()),
+        text=text, words=words, tokens=tokens, literal_forms=literal_candidates(words), terms=terms,
+        term_vectors=vectors[2:], vector=vectors[0], focus_vector=vectors[1], token_vectors=token_vectors,
+        weights=weights, window=find_window(text, graph.clock()),
     )
 
 
@@ -348,21 +378,19 @@ class Member:
 def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
                      memories: Sequence[Memory]) -> dict[str, float]:
     """Content relevance in [0, 1] of each memory to the query: the cross-encoder's
-    sigmoid when a reranker is ready, else the better of bounded BM25 and body cosine."""
+    sigmoid when a reranker is ready, else its query coverage mixed with its body cosine."""
     if not memories:
         return {}
     if graph.reranker is not None:
         logits = graph.reranker.score(plan.text, [m.content for m in memories])
         if logits is not None:
             return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits)}
-    out = {m.id: 0.0 for m in memories}
-    rowids = [m.rowid for m in memories]
-    for mid, score in lexical(conn, plan.tokens, None, graph.clock(), limit=len(rowids), rowids=rowids):
-        out[mid] = max(out.get(mid, 0.0), bounded(score))
+    cover = coverage_scores(graph, conn, plan, memories)
+    out = {}
     for m in memories:
         vector = graph.bodies.get(m.id)
-        if vector is not None:
-            out[m.id] = max(out[m.id], float(vector @ plan.vector))
+        cosine = float(vector @ plan.focus_vector) if vector is not None else 0.0
+        out[m.id] = relevance(cover.get(m.id, 0.0), cosine)
     return out
 
 
@@ -393,6 +421,8 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
             rel = relevance.get(m.id) if plan is not None else None
             base = (rel if rel is not None else 1.0) * weights[m.id]
             score = base * depth_factor(m.depth) * graph.rank_factor_of(m, now)
+            if plan is not None and plan.window is not None and plan.window.contains(m.when):
+                score *= TEMPORAL_BOOST
             ranked.append(Member(m, weights[m.id], rel, score))
         ranked.sort(key=lambda x: (-x.score, -x.memory.created_at))
         return ranked
@@ -405,7 +435,7 @@ def _prefilter(graph: MemoryGraph, plan: QueryPlan, memories: Sequence[Memory], 
     scored = []
     for m in memories:
         vector = graph.bodies.get(m.id)
-        cos = float(vector @ plan.vector) if vector is not None else 0.0
+        cos = float(vector @ plan.focus_vector) if vector is not None else 0.0
         scored.append((cos * weights[m.id], m))
     scored.sort(key=lambda x: -x[0])
     return [m for _, m in scored[:pool]]
@@ -644,13 +674,15 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
         auto_confirmed=auto_confirmed)
 
 
-# -- hybrid recall ----------------------------------------------------------------------
+# -- evidence scoring -------------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class Candidate:
     memory_id: str
     score: float = 0.0
+    coverage: float = 0.0
+    dense: float = 0.0
     raw: float = 0.0
     hop: int = 1
     via: list[str] = field(default_factory=list)
@@ -659,6 +691,58 @@ class Candidate:
     def tag(self, label: str) -> None:
         if label not in self.via:
             self.via.append(label)
+
+
+def relevance(coverage: float, cosine: float) -> float:
+    """A memory's content relevance in [0, 1]: its query coverage and body cosine, mixed."""
+    return (coverage + DENSE_WEIGHT * max(0.0, cosine)) / (1.0 + DENSE_WEIGHT)
+
+
+def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
+                    memories: Sequence[Memory]) -> dict[str, float]:
+    """The IDF-weighted share of the query's tokens each memory covers: a token counts when
+    it occurs in the memory's text or keys, or -- at its cosine -- when one of the memory's
+    keys means it (``hurt`` is covered by a memory keyed ``injury``)."""
+    tokens = [t for t in plan.weights if plan.weights[t] > 0]
+    if not memories or not tokens:
+        return {m.id: 0.0 for m in memories}
+    total = sum(plan.weights[t] for t in tokens)
+    weights = np.array([plan.weights[t] for t in tokens])
+    texts: dict[int, set[str]] = {}
+    rowids = [m.rowid for m in memories]
+    for start in range(0, len(rowids), 500):
+        chunk = rowids[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        for rowid, content, keys in conn.execute(
+                f"SELECT rowid, content_tokens, key_tokens FROM memory_fts WHERE rowid IN ({marks})", chunk):
+            texts[rowid] = set(content.split()) | set(keys.split())
+    link_map = links_of(conn, [m.id for m in memories])
+    key_ids = sorted({k for keys in link_map.values() for k in keys})
+    vectors = [graph.keys.vectors.get(k) for k in key_ids]
+    column = {k: i for i, k in enumerate(key_ids)}
+    with_vectors = [i for i, t in enumerate(tokens) if t in plan.token_vectors]
+    soft = np.zeros((len(tokens), len(key_ids)), dtype=np.float32)
+    if with_vectors and key_ids:
+        matrix = np.stack([v if v is not None else np.zeros(graph.embedder.dim, np.float32) for v in vectors])
+        sims = np.stack([plan.token_vectors[tokens[i]] for i in with_vectors]) @ matrix.T
+        soft[with_vectors] = np.where(sims >= SOFT_KEY_MATCH, sims, 0.0)
+    out: dict[str, float] = {}
+    for m in memories:
+        words = texts.get(m.rowid, set())
+        match = np.array([1.0 if t in words else 0.0 for t in tokens], dtype=np.float32)
+        cols = [column[k] for k in link_map.get(m.id, {})]
+        if cols:
+            match = np.maximum(match, soft[:, cols].max(axis=1))
+        out[m.id] = float((weights * match).sum() / total)
+    return out
+
+
+def same_episode(a: Memory, b: Memory) -> bool:
+    """Observed in one sitting: the same namespace, within EPISODE_GAP of each other."""
+    return a.namespace == b.namespace and abs(a.when - b.when) <= EPISODE_GAP
+
+
+# -- hybrid recall ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,7 +756,15 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                   min_rel_score: float = 0.0, min_depth: float = 0.0, reinforce: bool = True,
                   context: str | None = None, max_chars: int | None = None,
                   plan: QueryPlan | None = None) -> HybridResult:
-    """Lexical + key path + dense bodies, fused with RRF, modulated and expanded by hops."""
+    """Memories for a query, best first.
+
+    Candidates come from three channels -- lexical BM25 over text and keys, the key path
+    (keys the query's terms reach) and body cosine -- plus, when the query names a date,
+    the memories observed then. Each is scored on the evidence it holds: how much of the
+    query it covers (lexically or through its keys) plus its body cosine; a date match
+    multiplies, depth and freshness modulate, and memories of the same episode as the best
+    ones share a little of their score. Hops along narrow keys and explicit links add
+    associated memories."""
     now = graph.clock()
     plan = plan or plan_query(graph, query)
     cue = plan if not context or context == query else plan_query(graph, context[:4000])
@@ -681,8 +773,8 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     hops = min(5, max(1, hops))
 
     def read(conn: sqlite3.Connection) -> tuple[dict[str, Candidate], dict[str, Memory],
-                                                 dict[str, dict[str, tuple[float, bool]]], bool]:
-        from keymem_daemon.engine.graph import get_memories
+                                                 dict[str, dict[str, tuple[float, bool]]]]:
+        from keymem_daemon.engine.graph import ACTIVE, get_memories
 
         cands: dict[str, Candidate] = {}
 
@@ -692,67 +784,60 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                 c = cands[mid] = Candidate(mid)
             return c
 
-        rankings: dict[str, list[str]] = {}
-        lex = lexical(conn, cue.tokens, scope, now)
-        rankings["lexical"] = [mid for mid, _ in lex]
-        for mid, score in lex:
-            c = cand(mid)
-            c.tag("(bm25)")
-            c.raw = max(c.raw, bounded(score) * 0.75)
-        den = [(mid, cos) for mid, cos in dense(graph, cue.vector, scope)]
-        rankings["dense"] = [mid for mid, cos in den]
-        for mid, cos in den:
-            c = cand(mid)
-            c.tag("(content)")
-            c.raw = max(c.raw, cos)
+        for mid, _ in lexical(conn, cue.tokens, scope, now, limit=CANDIDATE_DEPTH):
+            cand(mid).tag("(bm25)")
+        for mid, cos in dense(graph, cue.focus_vector, scope, limit=CANDIDATE_DEPTH):
+            if cos >= DENSE_ADMIT:
+                cand(mid).tag("(content)")
         members = key_members(conn, [k for k, _, _ in keys], scope, now)
-        key_score: dict[str, float] = {}
-        for kid, strength, literal in keys:
+        for kid, strength, _ in keys:
             info = graph.keys.get(kid)
-            if info is None:
-                continue
-            idf = graph.idf(kid)
-            for mid, weight in members.get(kid, []):
-                key_score[mid] = key_score.get(mid, 0.0) + strength * idf * weight
+            for mid, _ in members.get(kid, []):
                 c = cand(mid)
-                c.tag(info.concept)
+                if info is not None:
+                    c.tag(info.concept)
                 c.raw = max(c.raw, strength)
-        rankings["keys"] = sorted(key_score, key=lambda m: -key_score[m])[:CHANNEL_DEPTH]
-        fused = rrf(rankings)
-        for kid, _, literal in keys:
-            if literal:
-                for mid, _ in members.get(kid, []):
-                    fused[mid] = fused.get(mid, 0.0) + graph.idf(kid) / (RRF_K + 1)
         if plan.window is not None:
             where, params = scope_clause(scope)
-            from keymem_daemon.engine.graph import ACTIVE
-
             rows = conn.execute(
                 f"SELECT m.id FROM memories m WHERE COALESCE(m.observed_at, m.created_at) >= ? AND "
                 f"COALESCE(m.observed_at, m.created_at) < ? AND {ACTIVE}{where} LIMIT 500",
                 [plan.window.start, plan.window.end, now, *params]).fetchall()
-            in_window = {r[0] for r in rows}
             # A memory observed in the named period joins the pool even if no channel saw it.
-            for mid in in_window:
-                fused.setdefault(mid, 0.0)
+            for (mid,) in rows:
                 cand(mid).tag("(date)")
         found = get_memories(conn, cands)
-        for mid in list(cands):
-            m = found.get(mid)
-            if m is None or not m.active(now) or (scope is not None and m.namespace not in scope):
-                del cands[mid]
-                continue
-            score = fused.get(mid, 0.0)
+        live = [found[mid] for mid in cands if mid in found and found[mid].active(now)
+                and (scope is None or found[mid].namespace in scope)]
+        for mid in set(cands) - {m.id for m in live}:
+            del cands[mid]
+        cover = coverage_scores(graph, conn, cue, live)
+        for m in live:
+            c = cands[m.id]
+            vector = graph.bodies.get(m.id)
+            c.coverage = cover.get(m.id, 0.0)
+            c.dense = float(vector @ cue.focus_vector) if vector is not None else 0.0
+            c.raw = max(c.raw, relevance(c.coverage, c.dense))
+            score = c.coverage + DENSE_WEIGHT * max(0.0, c.dense)
             if plan.window is not None and plan.window.contains(m.when):
-                score = (score + 1.0 / (RRF_K + 1)) * TEMPORAL_BOOST
-            cands[mid].score = score * depth_factor(m.depth) * graph.rank_factor_of(m, now)
-        anchored = any(c.raw >= graph.profile.key_recall for c in cands.values()) or bool(keys)
+                score *= TEMPORAL_BOOST
+            c.score = score * depth_factor(m.depth) * graph.rank_factor_of(m, now)
+        seeds = sorted(live, key=lambda m: -cands[m.id].score)[:EPISODE_SEEDS]
+        bonus: dict[str, float] = {}
+        for seed in seeds:
+            share = EPISODE_BONUS * cands[seed.id].score
+            for m in live:
+                if m.id != seed.id and same_episode(m, seed):
+                    bonus[m.id] = max(bonus.get(m.id, 0.0), share)
+        for mid, extra in bonus.items():
+            cands[mid].score += extra
         link_map = links_of(conn, cands)
         if hops >= 2 and cands:
             _expand(graph, conn, cands, found, link_map, scope, now, hops)
-        return cands, found, link_map, anchored
+        return cands, found, link_map
 
-    cands, found, link_map, anchored = graph.store.read(read)
+    cands, found, link_map = graph.store.read(read)
+    anchored = any(c.raw >= MIN_ANCHOR for c in cands.values())
     if not anchored:
         return HybridResult([], [k for k, _, _ in keys], False)
     ranked = sorted(cands.values(), key=lambda c: -c.score)
@@ -814,7 +899,7 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
             if m is None or not m.active(now) or (scope is not None and m.namespace not in scope):
                 continue
             found[other] = m
-            c = Candidate(other, gain * graph.rank_factor_of(m, now) * EXPAND_HOP_FACTOR, 0.0, hop, [], kid)
+            c = Candidate(other, score=gain * graph.rank_factor_of(m, now) * EXPAND_HOP_FACTOR, hop=hop, hop_key=kid)
             if label:
                 c.tag(label)
                 anchored.add(other)

@@ -124,6 +124,10 @@ CREATE TABLE idempotency (
 CREATE VIRTUAL TABLE memory_fts USING fts5(
     content_tokens, key_tokens, tokenize = 'unicode61 remove_diacritics 0'
 );
+
+CREATE VIRTUAL TABLE memory_vocab USING fts5vocab(memory_fts, 'row');
+
+CREATE INDEX memories_by_when ON memories(namespace, COALESCE(observed_at, created_at));
 """
 
 

@@ -1,0 +1,400 @@
+"""The SQLite store: WAL, versioned migrations, one transaction per operation, and a
+reopened store that lost nothing."""
+
+# Fixtures are imported from engine_fixtures and named as test parameters.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from engine_fixtures import (  # noqa: F401 - fixtures
+    FakeClock,
+    analyzer,
+    clock,
+    embedder,
+    graph,
+    key_id,
+    link_weight,
+    open_graph,
+    remember,
+    settings,
+    state,
+)
+
+from keymem_daemon.config import Settings
+from keymem_daemon.engine import retrieval, transfer
+from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.model import CorrectResult
+from keymem_daemon.engine.store import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate
+from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.errors import InvalidInput, StoreError
+from keymem_daemon.models.embedders import Embedder
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def schema_of(path: Path) -> list[tuple[str, str, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT type, name, sql FROM sqlite_master "
+            "WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
+        ).fetchall()
+        return [(t, n, " ".join((s or "").split())) for t, n, s in rows]
+    finally:
+        conn.close()
+
+
+def user_version(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_the_store_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "keymem.db")
+    try:
+        assert store.read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
+        assert store.read(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+        assert store.write(lambda tx: tx.conn.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
+    finally:
+        store.close()
+
+
+def test_a_new_store_is_stamped_with_the_current_schema_version(tmp_path: Path) -> None:
+    Store.open(tmp_path / "keymem.db").close()
+    assert SCHEMA_VERSION == len(MIGRATIONS) >= 1
+    assert user_version(tmp_path / "keymem.db") == SCHEMA_VERSION
+
+
+def test_a_store_written_by_a_newer_keymem_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "keymem.db"
+    Store.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    before = schema_of(path)
+    with pytest.raises(StoreError) as caught:
+        Store.open(path)
+    message = str(caught.value)
+    assert "newer" in message and str(SCHEMA_VERSION + 1) in message
+    assert user_version(path) == SCHEMA_VERSION + 1, "a newer store must never be downgraded"
+    assert schema_of(path) == before
+
+
+def test_a_graph_refuses_a_newer_store_with_a_store_error(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    path = tmp_path / "keymem.db"
+    Store.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="newer"):
+        MemoryGraph.open(path, embedder, settings, clock=clock)
+
+
+@pytest.mark.parametrize("version", range(SCHEMA_VERSION))
+def test_a_store_migrated_from_each_older_version_has_the_fresh_schema(
+    tmp_path: Path, version: int
+) -> None:
+    fresh = tmp_path / "fresh.db"
+    Store.open(fresh).close()
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old, isolation_level=None)
+    for step in range(version):
+        conn.execute("BEGIN")
+        MIGRATIONS[step](conn)
+        conn.execute(f"PRAGMA user_version = {step + 1}")
+        conn.execute("COMMIT")
+    conn.close()
+    assert user_version(old) == version
+    Store.open(old, backup_dir=tmp_path / "backups").close()
+    assert user_version(old) == SCHEMA_VERSION
+    assert schema_of(old) == schema_of(fresh)
+
+
+def test_a_failing_migration_rolls_back_and_stays_pending(tmp_path: Path) -> None:
+    path = tmp_path / "keymem.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+
+    def broken(c: sqlite3.Connection) -> None:
+        c.execute("CREATE TABLE half_done (x)")
+        raise RuntimeError("migration failed midway")
+
+    import keymem_daemon.engine.store as store_module
+
+    original = store_module.MIGRATIONS
+    store_module.MIGRATIONS = (broken,)  # type: ignore[misc]
+    try:
+        with pytest.raises(RuntimeError):
+            migrate(conn, path)
+    finally:
+        store_module.MIGRATIONS = original  # type: ignore[misc]
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert (
+        conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'half_done'").fetchone()[0]
+        == 0
+    )
+    conn.close()
+
+
+def test_a_failing_write_leaves_no_partial_rows(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "keymem.db")
+    ran: list[str] = []
+
+    def write(tx: Tx) -> None:
+        tx.conn.execute("INSERT INTO meta(name, value) VALUES ('half', 'written')")
+        tx.after_commit(lambda: ran.append("after"))
+        raise ValueError("boom")
+
+    try:
+        with pytest.raises(ValueError, match="boom"):
+            store.write(write)
+        assert (
+            store.read(
+                lambda c: c.execute("SELECT COUNT(*) FROM meta WHERE name = 'half'").fetchone()[0]
+            )
+            == 0
+        )
+        assert ran == [], "after-commit work must not run for a rolled-back write"
+        # The writer is still usable afterwards.
+        store.write(lambda tx: tx.conn.execute("INSERT INTO meta(name, value) VALUES ('ok', '1')"))
+        assert (
+            store.read(
+                lambda c: c.execute("SELECT value FROM meta WHERE name = 'ok'").fetchone()[0]
+            )
+            == "1"
+        )
+    finally:
+        store.close()
+
+
+def test_a_database_error_inside_a_write_becomes_a_store_error(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "keymem.db")
+    try:
+        with pytest.raises(StoreError):
+            store.write(lambda tx: tx.conn.execute("INSERT INTO no_such_table VALUES (1)"))
+    finally:
+        store.close()
+
+
+def test_a_correction_that_fails_validation_midway_changes_nothing(graph: MemoryGraph) -> None:
+    first = remember(graph, "The team deploys on Fridays", ["deployment", "schedule", "배포"])
+    second = graph.correct(
+        first,
+        graph.prepare(content="The team deploys on Thursdays", keys=None, require_keys=False),
+        keys_given=False,
+        related_given=False,
+        ttl_given=False,
+        decay_given=False,
+    )
+    before = state(graph)
+    keys_before = {k.id for k in graph.keys.all()}
+    # The grandparent (first) would be deleted before related_to is checked: the whole
+    # correction must roll back, including that deletion.
+    bad = graph.prepare(
+        content="The team deploys on Wednesdays",
+        keys=None,
+        related_to=["0123456789ab"],
+        require_keys=False,
+    )
+    assert isinstance(second, CorrectResult)
+    with pytest.raises(InvalidInput) as caught:
+        graph.correct(
+            second.new_id,
+            bad,
+            keys_given=False,
+            related_given=True,
+            ttl_given=False,
+            decay_given=False,
+        )
+    assert caught.value.field == "related_to"
+    assert state(graph) == before
+    assert {k.id for k in graph.keys.all()} == keys_before
+
+
+def test_a_store_can_be_closed_twice_and_refuses_work_afterwards(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "keymem.db")
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.write(lambda tx: None)
+
+
+def test_reopening_the_store_after_close_loses_nothing(
+    tmp_path: Path,
+    embedder: Embedder,
+    analyzer: Analyzer,
+    settings: Settings,
+    clock: FakeClock,
+) -> None:
+    path = tmp_path / "keymem.db"
+    g = open_graph(path, embedder, settings, clock, analyzer)
+    host = Host(agent="claude", session="4f1c2d3e-5a6b-4c7d-8e9f-0a1b2c3d4e5f", turn=3)
+    a = remember(
+        g, "The user writes Python every day", ["Python", "파이썬", "programming"], host=host
+    )
+    b = remember(
+        g,
+        "Deploys go out on Fridays",
+        ["deployment", "배포", "Friday"],
+        related_to=[a],
+        source={"origin": "chat"},
+    )
+    c = remember(
+        g,
+        "Dongkun prefers dark roast coffee",
+        ["Dongkun", "coffee"],
+        key_types={"Dongkun": "name"},
+        decay_profile="stable",
+        ttl_seconds=30 * 86400,
+    )
+    g.read_memory(a, via_key_id=key_id(g, "Python"))
+    g.read_memory(a, via_key_id=key_id(g, "Python"))
+    g.confirm_memory(b, "user", host=host)
+    fixed = g.correct(
+        b,
+        g.prepare(content="Deploys go out on Thursdays", keys=None, require_keys=False),
+        keys_given=False,
+        related_given=False,
+        ttl_given=False,
+        decay_given=False,
+    )
+    g.dismiss(c, key_id(g, "coffee"))
+    before = transfer.export(g)
+    python_weight = link_weight(g, key_id(g, "Python"), a)
+    g.close()
+
+    reopened = open_graph(path, embedder, settings, clock, analyzer)
+    try:
+        assert transfer.export(reopened) == before
+        python = key_id(reopened, "파이썬")
+        assert python == key_id(reopened, "Python")
+        assert link_weight(reopened, python, a) == python_weight == pytest.approx(1.2)
+        view = reopened.read_memory(a)
+        assert view.memory.access_count == 3
+        assert reopened.keys.get(key_id(reopened, "Dongkun")).key_type == "name"  # type: ignore[union-attr]
+        new = reopened.read_memory(fixed.new_id)  # type: ignore[union-attr]
+        assert new.memory.supersedes == b
+        assert new.memory.related_to == [a]
+        old = reopened.store.read(
+            lambda conn: conn.execute(
+                "SELECT superseded_by, depth, confirmation_count FROM memories WHERE id = ?", (b,)
+            ).fetchone()
+        )
+        assert old[0] == fixed.new_id  # type: ignore[union-attr]
+        assert old[1] == pytest.approx(0.05 * 0.3)
+        assert old[2] == 2
+        assert view.memory.source is not None and view.memory.source["host_session"] == host.session
+        # The in-memory indexes were rebuilt: recall works on the reopened store.
+        found = retrieval.recall(reopened, "파이썬")
+        assert found.keys[0].key_id == python
+        assert found.memories[0].id == a
+    finally:
+        reopened.close()
+
+
+def open_fds_to(path: Path) -> list[str]:
+    import os
+
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(path)):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs /proc")
+def test_closing_the_graph_closes_every_connection_it_opened(
+    tmp_path: Path,
+    embedder: Embedder,
+    analyzer: Analyzer,
+    settings: Settings,
+    clock: FakeClock,
+) -> None:
+    import threading
+
+    path = tmp_path / "keymem.db"
+    g = open_graph(path, embedder, settings, clock, analyzer)
+    remember(g, "Deploys go out on Fridays", ["deployment", "Friday"])
+
+    def read() -> None:
+        retrieval.recall(g, "deployment")
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert open_fds_to(path)
+    g.close()
+    assert open_fds_to(path) == []
+
+
+def test_a_file_that_is_not_a_database_is_refused_with_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "keymem.db"
+    path.write_bytes(b"this is not a sqlite database" * 100)
+    with pytest.raises(StoreError, match="cannot open the store"):
+        Store.open(path)
+
+
+class Renamed:
+    """The same vectors under another fingerprint: what a model upgrade looks like."""
+
+    def __init__(self, inner: Embedder, fingerprint: str) -> None:
+        self.inner = inner
+        self.fingerprint = fingerprint
+        self.name = inner.name
+        self.dim = inner.dim
+        self.profile = inner.profile
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.calls += len(texts)
+        return self.inner.embed(texts)
+
+
+def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
+    tmp_path: Path,
+    embedder: Embedder,
+    analyzer: Analyzer,
+    settings: Settings,
+    clock: FakeClock,
+) -> None:
+    path = tmp_path / "keymem.db"
+    g = open_graph(path, embedder, settings, clock, analyzer)
+    mid = remember(g, "The user writes Python every day", ["Python", "파이썬", "programming"])
+    before = transfer.export(g)
+    g.close()
+
+    other = Renamed(embedder, "test:other-model")
+    with pytest.raises(StoreError, match="KEYMEM_AUTO_MIGRATE"):
+        MemoryGraph.open(path, other, settings.replace(auto_migrate=False), clock=clock)
+
+    migrated = MemoryGraph.open(path, other, settings, clock=clock)
+    try:
+        assert other.calls >= 2, "every key was embedded again"
+        assert list((tmp_path / "backups").glob("keymem-before-reembed-*.db"))
+        after = transfer.export(migrated)
+        assert after["embedder"] == "test:other-model"
+        assert {k: v for k, v in after.items() if k != "embedder"} == {
+            k: v for k, v in before.items() if k != "embedder"
+        }
+        assert retrieval.recall(migrated, "파이썬").memories[0].id == mid
+    finally:
+        migrated.close()

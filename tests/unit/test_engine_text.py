@@ -1,0 +1,188 @@
+"""Text: one normalisation everywhere, Kiwi morphemes so Korean particles never fuse with
+nouns, NFD input behaving like NFC, and an FTS5 lexical index that follows every write."""
+
+# Fixtures are imported from engine_fixtures and named as test parameters.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+from engine_fixtures import (  # noqa: F401 - fixtures
+    analyzer,
+    clock,
+    embedder,
+    graph,
+    key_id,
+    remember,
+    settings,
+)
+
+from keymem_daemon.engine import retrieval
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.text import Analyzer, normalize, normalize_namespace
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def lexical_ids(graph: MemoryGraph, query: str) -> list[str]:
+    tokens = graph.analyzer.index_tokens(query)
+    now = graph.clock()
+    return [mid for mid, _ in graph.store.read(lambda c: retrieval.lexical(c, tokens, None, now))]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("ＡＢＣ", "abc"),  # NFKC folds full-width forms
+        ("Straße", "strasse"),  # casefold, not lower
+        ("  many \t spaces\n here  ", "many spaces here"),
+        ("ﬁle", "file"),  # compatibility ligature
+        ("PYTHON", "python"),
+    ],
+)
+def test_normalize_is_nfkc_casefold_and_collapsed_whitespace(raw: str, expected: str) -> None:
+    assert normalize(raw) == expected
+
+
+def test_nfd_korean_normalizes_to_the_same_text_as_nfc() -> None:
+    text = "배포를 언제 했지?"
+    assert unicodedata.normalize("NFD", text) != text
+    assert normalize(unicodedata.normalize("NFD", text)) == normalize(text)
+
+
+def test_namespaces_use_the_same_normalisation() -> None:
+    assert normalize_namespace("  Work  Project ") == "work project"
+    assert normalize_namespace("") == "default"
+    assert normalize_namespace(None) == "default"
+
+
+@pytest.mark.parametrize("eojeol", ["배포를", "배포가", "배포했다", "배포는", "배포"])
+def test_a_korean_particle_or_ending_never_fuses_with_its_noun(
+    analyzer: Analyzer, eojeol: str
+) -> None:  # noqa: F811
+    assert analyzer.index_tokens(eojeol) == ["배포"]
+
+
+def test_a_korean_compound_keeps_its_nouns_as_subwords(analyzer: Analyzer) -> None:  # noqa: F811
+    tokens = analyzer.index_tokens("코드리뷰를 했다")
+    assert {"코드리뷰", "코드", "리뷰"} <= set(tokens)
+
+
+def test_latin_words_are_stemmed_so_inflections_meet(analyzer: Analyzer) -> None:  # noqa: F811
+    assert (
+        analyzer.index_tokens("deployments")
+        == analyzer.index_tokens("deployed")
+        == analyzer.index_tokens("deploy")
+    )
+
+
+def test_nfd_korean_text_is_analysed_like_nfc(analyzer: Analyzer) -> None:  # noqa: F811
+    text = "결제 서비스를 배포했다"
+    assert analyzer.index_tokens(unicodedata.normalize("NFD", text)) == analyzer.index_tokens(text)
+
+
+def test_a_memory_keyed_배포_is_found_by_a_question_with_a_particle(graph: MemoryGraph) -> None:
+    mid = remember(
+        graph, "결제 서비스 v2.4.0은 2023년 5월 8일에 배포했다.", ["배포", "결제 서비스", "릴리스"]
+    )
+    deploy = key_id(graph, "배포")
+    found = retrieval.recall(graph, "배포를 언제 했지?")
+    assert found.status == "found"
+    assert found.keys[0].key_id == deploy
+    assert found.keys[0].match_type == "concept"
+    assert found.memories[0].id == mid
+    hits = retrieval.hybrid_recall(graph, "배포를 언제 했지?", reinforce=False).hits
+    assert hits and hits[0].id == mid
+    assert "배포" in hits[0].matched_via
+
+
+def test_a_memory_remembered_in_nfd_is_found_by_an_nfc_query_and_back(graph: MemoryGraph) -> None:
+    nfd = unicodedata.normalize("NFD", "고양이 이름은 나비다")
+    cat = remember(graph, nfd, [unicodedata.normalize("NFD", "고양이"), "cat"])
+    dog = remember(graph, "강아지 이름은 초코다", ["강아지", "dog"])
+    assert key_id(graph, "고양이") == key_id(graph, unicodedata.normalize("NFD", "고양이"))
+    for query in ("고양이 이름이 뭐야?", unicodedata.normalize("NFD", "고양이 이름이 뭐야?")):
+        found = retrieval.recall(graph, query)
+        assert found.memories[0].id == cat, query
+        assert lexical_ids(graph, query)[0] == cat
+    assert lexical_ids(graph, unicodedata.normalize("NFD", "강아지는?"))[0] == dog
+
+
+def test_the_same_text_in_nfd_and_nfc_is_one_memory(graph: MemoryGraph) -> None:
+    text = "우리 팀은 금요일에 배포한다"
+    first = remember(graph, text, ["배포", "금요일"])
+    second = remember(graph, unicodedata.normalize("NFD", text), ["배포", "금요일"])
+    assert first == second
+    assert graph.stats().memories == 1
+
+
+def test_a_key_given_in_another_case_or_spacing_is_the_same_key(graph: MemoryGraph) -> None:
+    remember(graph, "Code review happens on Tuesdays", ["Code Review", "schedule"])
+    remember(graph, "Code review needs two approvals", ["  code   REVIEW ", "approval"])
+    concepts = [k.concept for k in graph.keys.all()]
+    assert sum(1 for c in concepts if normalize(c) == "code review") == 1
+    assert len(graph.read_key(key_id(graph, "code review")).memories) == 2
+
+
+def test_a_remembered_memory_is_found_lexically_at_once(graph: MemoryGraph) -> None:
+    assert lexical_ids(graph, "flamingo") == []
+    mid = remember(graph, "A flamingo stands on one leg", ["bird", "posture"])
+    assert lexical_ids(graph, "flamingo") == [mid]
+    # Key text is indexed too.
+    assert lexical_ids(graph, "posture") == [mid]
+
+
+def test_a_forgotten_memory_leaves_the_lexical_index(graph: MemoryGraph) -> None:
+    mid = remember(graph, "A flamingo stands on one leg", ["bird", "posture"])
+    graph.forget(mid)
+    assert lexical_ids(graph, "flamingo") == []
+    assert (
+        graph.store.read(lambda c: c.execute("SELECT COUNT(*) FROM memory_fts").fetchone()[0]) == 0
+    )
+
+
+def test_a_corrected_memory_leaves_the_lexical_index_and_its_correction_enters_it(
+    graph: MemoryGraph,
+) -> None:
+    old = remember(graph, "The office coffee machine is a Jura", ["coffee", "office"])
+    fixed = graph.correct(
+        old,
+        graph.prepare(
+            content="The office coffee machine is a Breville", keys=None, require_keys=False
+        ),
+        keys_given=False,
+        related_given=False,
+        ttl_given=False,
+        decay_given=False,
+    )
+    new = fixed.new_id  # type: ignore[union-attr]
+    assert lexical_ids(graph, "Jura") == []
+    assert lexical_ids(graph, "Breville") == [new]
+    assert lexical_ids(graph, "coffee machine") == [new]
+
+
+def test_forgetting_a_correction_puts_its_predecessor_back_in_the_lexical_index(
+    graph: MemoryGraph,
+) -> None:
+    old = remember(graph, "The office coffee machine is a Jura", ["coffee", "office"])
+    fixed = graph.correct(
+        old,
+        graph.prepare(
+            content="The office coffee machine is a Breville", keys=None, require_keys=False
+        ),
+        keys_given=False,
+        related_given=False,
+        ttl_given=False,
+        decay_given=False,
+    )
+    graph.forget(fixed.new_id)  # type: ignore[union-attr]
+    assert lexical_ids(graph, "Jura") == [old]
+    assert lexical_ids(graph, "Breville") == []
+
+
+def test_a_korean_memory_is_found_lexically_whatever_the_particle(graph: MemoryGraph) -> None:
+    mid = remember(graph, "배포는 매주 금요일 오후에 한다", ["일정", "schedule"])
+    for query in ("배포를", "배포가 언제야", "배포했던 날"):
+        assert lexical_ids(graph, query) == [mid], query
