@@ -179,8 +179,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "Comparison queries pick evidence for each named entity."),
     Variable("KEYMEM_INJECT_MAX_CHARS", "inject_max_chars", _number(int, 256, 20000), "2000",
              "Default size of the block the prompt hook receives."),
-    Variable("KEYMEM_INJECT_MIN_REL", "inject_min_rel", _number(float, 0.0, 1.0), "0.6",
-             "Relevance floor for memories pushed into a prompt."),
+    Variable("KEYMEM_INJECT_MIN_REL", "inject_min_rel", _number(float, 0.0, 1.0), "0.5",
+             "Relevance floor for memories pushed into a prompt (0.5 rejects ~90% of unanswerable "
+             "prompts on the Korean/English set; lower surfaces more, and more noise)."),
     Variable("KEYMEM_RELATED_LIMIT", "related_limit", _number(int, 1, 1000), "20",
              "Most neighbours the related tool returns."),
     Variable("KEYMEM_AUTOSTART", "autostart", parse_bool, "true",
@@ -235,7 +236,7 @@ class Settings:
     auto_confirm: bool = True
     task_evidence: bool = True
     inject_max_chars: int = 2000
-    inject_min_rel: float = 0.6
+    inject_min_rel: float = 0.5
     related_limit: int = 20
     autostart: bool = True
     start_timeout: float = 20.0

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keymem_daemon.engine.dates import Window, find_window
+from keymem_daemon.engine.keys import script_of
 from keymem_daemon.engine.model import (
     CompactKey,
     ConnectedKey,
@@ -725,7 +726,13 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
     if with_vectors and key_ids:
         matrix = np.stack([v if v is not None else np.zeros(graph.embedder.dim, np.float32) for v in vectors])
         sims = np.stack([plan.token_vectors[tokens[i]] for i in with_vectors]) @ matrix.T
-        soft[with_vectors] = np.where(sims >= SOFT_KEY_MATCH, sims, 0.0)
+        # A translation sits lower than a same-language synonym (see the embedder profile),
+        # so a query word meets a key in the other script at the profile's translation bar.
+        token_script = np.array([script_of(tokens[i]) == "hangul" for i in with_vectors])
+        key_script = np.array([script_of(graph._concept(k)) == "hangul" for k in key_ids])
+        bar = np.where(token_script[:, None] != key_script[None, :], graph.profile.translation_pair,
+                       SOFT_KEY_MATCH)
+        soft[with_vectors] = np.where(sims >= bar, sims, 0.0)
     out: dict[str, float] = {}
     for m in memories:
         words = texts.get(m.rowid, set())
@@ -790,13 +797,12 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             if cos >= DENSE_ADMIT:
                 cand(mid).tag("(content)")
         members = key_members(conn, [k for k, _, _ in keys], scope, now)
-        for kid, strength, _ in keys:
+        for kid, _, _ in keys:
             info = graph.keys.get(kid)
             for mid, _ in members.get(kid, []):
                 c = cand(mid)
                 if info is not None:
                     c.tag(info.concept)
-                c.raw = max(c.raw, strength)
         if plan.window is not None:
             where, params = scope_clause(scope)
             rows = conn.execute(
@@ -817,7 +823,10 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             vector = graph.bodies.get(m.id)
             c.coverage = cover.get(m.id, 0.0)
             c.dense = float(vector @ cue.focus_vector) if vector is not None else 0.0
-            c.raw = max(c.raw, relevance(c.coverage, c.dense))
+            # Relevance (what the push path's floor reads) takes the better of the focused and
+            # the whole-query cosine: either can be the one that says "this answers it".
+            whole = float(vector @ cue.vector) if vector is not None else 0.0
+            c.raw = relevance(c.coverage, max(c.dense, whole))
             score = c.coverage + DENSE_WEIGHT * max(0.0, c.dense)
             if plan.window is not None and plan.window.contains(m.when):
                 score *= TEMPORAL_BOOST
@@ -837,7 +846,9 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         return cands, found, link_map
 
     cands, found, link_map = graph.store.read(read)
-    anchored = any(c.raw >= MIN_ANCHOR for c in cands.values())
+    # Anchored when some memory is relevant on its content, or the query reaches a key:
+    # keys are how a query in one language reaches memories written in the other.
+    anchored = bool(keys) or any(c.raw >= MIN_ANCHOR for c in cands.values())
     if not anchored:
         return HybridResult([], [k for k, _, _ in keys], False)
     ranked = sorted(cands.values(), key=lambda c: -c.score)

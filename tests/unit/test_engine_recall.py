@@ -337,7 +337,8 @@ def test_hybrid_recall_fuses_lexical_key_and_dense_evidence(
     assert top["id"] == ids_["slack"]
     assert {"(bm25)", "deployment", "Slack"} <= set(top["matched_via"])
     assert top["score_kind"] == "evidence_rank" and top["rank_score"] == top["score"]
-    assert top["hop"] == 1 and top["relevance_score"] == 1.0
+    # Relevance mixes query coverage (complete here) with the body cosine.
+    assert top["hop"] == 1 and 0.8 <= top["relevance_score"] <= 1.0
     for name in (
         "id",
         "content",
