@@ -10,6 +10,7 @@ thread never waits for a model. Retrieval (recall, hybrid recall, the push path)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,7 +19,7 @@ import secrets
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,8 +46,10 @@ from keymem_daemon.engine.keys import (
     LANGUAGE_NOTE,
     PHRASE_NOTE,
     PHRASE_TOKENS,
+    ActiveCounts,
     KeyIndex,
     KeyInfo,
+    MemberState,
     KeyType,
     PendingKey,
     conflicting_qualifiers,
@@ -277,6 +280,7 @@ class MemoryGraph:
                                settings.decay_stable_days)
         self.keys = KeyIndex(embedder.dim)
         self.bodies = VectorTable(embedder.dim)
+        self.counts = ActiveCounts()
         self._namespace_codes: dict[str, int] = {}
         self.buffer = RecallBuffer(clock)
         self.promotion = PromotionRule(
@@ -326,6 +330,7 @@ class MemoryGraph:
         """Rebuild the in-memory key index and body vectors from the store (after an import)."""
         self.keys = KeyIndex(self.embedder.dim)
         self.bodies = VectorTable(self.embedder.dim)
+        self.counts = ActiveCounts()
         self._load_indexes()
 
     def _load_indexes(self) -> None:
@@ -338,6 +343,14 @@ class MemoryGraph:
             bodies = conn.execute(
                 "SELECT id, namespace, vector FROM memories WHERE superseded_by IS NULL AND vector IS NOT NULL"
             ).fetchall()
+            members = conn.execute(
+                "SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
+                "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace").fetchall()
+            expiring = [(r[0], self._member_state(conn, r[0])) for r in conn.execute(
+                "SELECT id FROM memories WHERE superseded_by IS NULL AND expires_at IS NOT NULL")]
+            self.counts.add_counts(members)
+            for mid, state in expiring:
+                self.counts.apply(mid, None, state)
             return keys, aliases, counts, bodies
 
         keys, aliases, counts, bodies = self.store.read(load)
@@ -415,21 +428,29 @@ class MemoryGraph:
     def rank_factor_of(self, memory: Memory, now: float) -> float:
         return rank_factor(freshness(memory.decay_profile, memory.last_confirmed_at, now, self.lives))
 
-    def key_counts(self, conn: sqlite3.Connection, key_ids: Iterable[str], namespace: str | None,
-                   now: float) -> KeyCounts:
-        ids = list(dict.fromkeys(key_ids))
-        counts: dict[str, int] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            sql = (f"SELECT l.key_id, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
-                   f"WHERE l.key_id IN ({marks}) AND {ACTIVE}")
-            params: list[Any] = [*chunk, now]
-            if namespace is not None:
-                sql += " AND m.namespace = ?"
-                params.append(namespace)
-            counts.update(conn.execute(sql + " GROUP BY l.key_id", params).fetchall())
-        return KeyCounts(counts)
+    def key_counts(self, key_ids: Iterable[str], namespace: str | None, now: float) -> KeyCounts:
+        return KeyCounts(self.counts.get_many(key_ids, namespace, now))
+
+    def _member_state(self, conn: sqlite3.Connection, memory_id: str) -> MemberState | None:
+        """What the memory contributes to key counts now (None: gone or superseded)."""
+        row = conn.execute("SELECT namespace, expires_at, superseded_by FROM memories WHERE id = ?",
+                           (memory_id,)).fetchone()
+        if row is None or row["superseded_by"] is not None:
+            return None
+        keys = tuple(r[0] for r in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory_id,)))
+        return MemberState(row["namespace"], keys, row["expires_at"])
+
+    @contextlib.contextmanager
+    def _counting(self, tx: Tx, memory_ids: Sequence[str]) -> Iterator[list[str]]:
+        """Report how the listed memories' key contributions change inside this block (more
+        ids may be appended to the yielded list while it runs; they count from empty)."""
+        ids = list(memory_ids)
+        before = {mid: self._member_state(tx.conn, mid) for mid in ids}
+        yield ids
+        for mid in dict.fromkeys(ids):
+            old, new = before.get(mid), self._member_state(tx.conn, mid)
+            if old != new:
+                tx.after_commit(lambda mid=mid, old=old, new=new: self.counts.apply(mid, old, new))
 
     def key_view(self, info: KeyInfo, count: int, learned: Sequence[str] = ()) -> KeyView:
         return KeyView(
@@ -709,23 +730,25 @@ class MemoryGraph:
             if request.ttl_seconds is not None:
                 updates["expires_at"] = now + request.ttl_seconds
             sets = ", ".join(f"{k} = ?" for k in updates)
-            conn.execute(f"UPDATE memories SET {sets}, confirmation_count = confirmation_count + 1 "
-                         f"WHERE id = ?", [*updates.values(), memory_id])
-            refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
+            with self._counting(tx, [memory_id]):
+                conn.execute(f"UPDATE memories SET {sets}, confirmation_count = confirmation_count + 1 "
+                             f"WHERE id = ?", [*updates.values(), memory_id])
+                refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
             self._add_relations(conn, memory_id, request.related_to)
             self._reindex_keys_of(tx, [memory_id])
             return memory_id, True, refs
         memory_id = new_id()
-        conn.execute(
-            "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
-            "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
-            "last_confirmation_source, expires_at, source, vector) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?)",
-            (memory_id, request.content, digest, request.namespace, now, now, request.observed_at, now,
-             request.decay_profile, json.dumps(source, ensure_ascii=False),
-             None if request.ttl_seconds is None else now + request.ttl_seconds,
-             json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
-        refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
+        with self._counting(tx, [memory_id]):
+            conn.execute(
+                "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
+                "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
+                "last_confirmation_source, expires_at, source, vector) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?)",
+                (memory_id, request.content, digest, request.namespace, now, now, request.observed_at, now,
+                 request.decay_profile, json.dumps(source, ensure_ascii=False),
+                 None if request.ttl_seconds is None else now + request.ttl_seconds,
+                 json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
+            refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
         self._add_relations(conn, memory_id, request.related_to)
         self._index_memory(tx, memory_id, vectors.content_tokens)
         body, code = vectors.body, self.namespace_code(request.namespace)
@@ -946,39 +969,40 @@ class MemoryGraph:
                 conn.execute("UPDATE memories SET supersedes = NULL WHERE id = ?", (old.id,))
             self._check_related(conn, request.related_to, now)
             new = new_id()
-            expires = (now + request.ttl_seconds if request.ttl_seconds is not None else None) \
-                if ttl_given else old.expires_at
-            profile = request.decay_profile if decay_given else old.decay_profile
-            conn.execute(
-                "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
-                "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
-                "last_confirmation_source, expires_at, supersedes, source, vector) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?, ?)",
-                (new, request.content, dedup_hash(request.content), old.namespace, now, now,
-                 request.observed_at, now, profile, json.dumps(source, ensure_ascii=False), expires, old.id,
-                 json.dumps(source, ensure_ascii=False), vector_bytes(prepared.body)))
-            factor = 0.8 if old.depth >= DEEP_DEPTH else 0.3
-            conn.execute("UPDATE memories SET superseded_by = ?, depth = depth * ?, updated_at = ? WHERE id = ?",
-                         (new, factor, now, old.id))
-            self._unindex(tx, old)
-            related = request.related_to if related_given else self.related_ids(conn, old.id)
-            self._add_relations(conn, new, related)
-            note = None
-            if keys_given and request.keys:
-                self._link_keys(tx, new, request.keys, request.key_types, prepared.keys)
-            else:
-                inherited = conn.execute(
-                    "SELECT l.key_id, l.weight, l.auto, k.concept FROM links l JOIN keys k ON k.id = l.key_id "
-                    "WHERE l.memory_id = ? ORDER BY l.weight DESC", (old.id,)).fetchall()
-                conn.executemany(
-                    "INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
-                    [(r[0], new, max(LINK_MIN, r[1] - CORRECT_PENALTY), r[2]) for r in inherited])
-                for r in inherited:
-                    tx.after_commit(lambda kid=r[0]: self.keys.add_links(kid, 1))
-                concepts = [r[3] for r in inherited]
-                if concepts:
-                    note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
-                            "retag if the correction changed the topic.")
+            with self._counting(tx, [old.id, new]):
+                expires = (now + request.ttl_seconds if request.ttl_seconds is not None else None) \
+                    if ttl_given else old.expires_at
+                profile = request.decay_profile if decay_given else old.decay_profile
+                conn.execute(
+                    "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
+                    "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
+                    "last_confirmation_source, expires_at, supersedes, source, vector) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?, ?)",
+                    (new, request.content, dedup_hash(request.content), old.namespace, now, now,
+                     request.observed_at, now, profile, json.dumps(source, ensure_ascii=False), expires, old.id,
+                     json.dumps(source, ensure_ascii=False), vector_bytes(prepared.body)))
+                factor = 0.8 if old.depth >= DEEP_DEPTH else 0.3
+                conn.execute("UPDATE memories SET superseded_by = ?, depth = depth * ?, updated_at = ? WHERE id = ?",
+                             (new, factor, now, old.id))
+                self._unindex(tx, old)
+                related = request.related_to if related_given else self.related_ids(conn, old.id)
+                self._add_relations(conn, new, related)
+                note = None
+                if keys_given and request.keys:
+                    self._link_keys(tx, new, request.keys, request.key_types, prepared.keys)
+                else:
+                    inherited = conn.execute(
+                        "SELECT l.key_id, l.weight, l.auto, k.concept FROM links l JOIN keys k ON k.id = l.key_id "
+                        "WHERE l.memory_id = ? ORDER BY l.weight DESC", (old.id,)).fetchall()
+                    conn.executemany(
+                        "INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
+                        [(r[0], new, max(LINK_MIN, r[1] - CORRECT_PENALTY), r[2]) for r in inherited])
+                    for r in inherited:
+                        tx.after_commit(lambda kid=r[0]: self.keys.add_links(kid, 1))
+                    concepts = [r[3] for r in inherited]
+                    if concepts:
+                        note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
+                                "retag if the correction changed the topic.")
             self._index_memory(tx, new, prepared.content_tokens)
             body, code = prepared.body, self.namespace_code(old.namespace)
             tx.after_commit(lambda: self.bodies.upsert(new, body, code))
@@ -994,6 +1018,13 @@ class MemoryGraph:
     def _delete(self, tx: Tx, memory: Memory) -> str | None:
         """Hard-delete one memory; if it was a correction, its predecessor becomes active
         again (undo). Keys left without any link are deleted too. Returns the restored id."""
+        conn = tx.conn
+        predecessor_row = conn.execute("SELECT id FROM memories WHERE superseded_by = ?", (memory.id,)).fetchone()
+        affected = [memory.id] + ([predecessor_row[0]] if predecessor_row is not None else [])
+        with self._counting(tx, affected):
+            return self._delete_counted(tx, memory)
+
+    def _delete_counted(self, tx: Tx, memory: Memory) -> str | None:
         conn = tx.conn
         key_ids = [r[0] for r in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory.id,))]
         conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (memory.rowid,))
@@ -1185,7 +1216,7 @@ class MemoryGraph:
         assert memory is not None
         links = conn.execute("SELECT key_id, weight, auto FROM links WHERE memory_id = ? ORDER BY weight DESC",
                              (memory_id,)).fetchall()
-        counts = self.key_counts(conn, [r[0] for r in links], memory.namespace, now)
+        counts = self.key_counts([r[0] for r in links], memory.namespace, now)
         keys: list[LinkedKey] = []
         for row in links:
             info = self.keys.get(row[0])
@@ -1238,7 +1269,8 @@ class MemoryGraph:
                 self._reindex_keys_of(tx, [r[0] for r in conn.execute(
                     "SELECT memory_id FROM links WHERE key_id = ? LIMIT 5000", (key_id,))])
         else:
-            self._link_keys(tx, memory_id, [text], {}, {text: query_vector})
+            with self._counting(tx, [memory_id]):
+                self._link_keys(tx, memory_id, [text], {}, {text: query_vector})
             self._reindex_keys_of(tx, [memory_id])
             logger.info("autokey: promoted a confirmed query to a key on memory %s", memory_id)
 
@@ -1307,8 +1339,9 @@ class MemoryGraph:
         ns = self.resolve_namespace(namespace)
         from keymem_daemon.engine.retrieval import rank_key_members
 
-        ranked = rank_key_members(self, kid, query.strip() if isinstance(query, str) and query.strip() else None,
-                                  ns, pool=None)
+        # Score enough of a hub to fill the requested page, with room to spare.
+        ranked, total = rank_key_members(self, kid, query.strip() if isinstance(query, str) and query.strip()
+                                         else None, ns, pool=max(100, 3 * (offset + limit)))
         now = self.clock()
 
         def read(conn: sqlite3.Connection) -> ReadKeyResult:
@@ -1325,9 +1358,9 @@ class MemoryGraph:
                     content_relevance=None if item.relevance is None else round(item.relevance, 3),
                     score_kind="within_key_rank" if item.relevance is not None else "link_rank",
                     score=round(item.score, 4), batch_sibling_ids=self.batch_siblings(conn, memory, now)))
-            view = self.key_view(info, len(ranked), self.learned_aliases(conn, kid))
-            return ReadKeyResult(key=view, memories=handles, total=len(ranked),
-                                 next_offset=offset + limit if offset + limit < len(ranked) else None)
+            view = self.key_view(info, total, self.learned_aliases(conn, kid))
+            return ReadKeyResult(key=view, memories=handles, total=total,
+                                 next_offset=offset + limit if offset + limit < total else None)
 
         return self.store.read(read)
 

@@ -334,3 +334,65 @@ FEW_KEYS_NOTE: Final = "Fewer than 3 keys: add 3-6 atomic keys so the memory can
 def language_uniform(keys: Sequence[str]) -> bool:
     scripts = {script_of(k) for k in keys} - {"other"}
     return len(scripts) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class MemberState:
+    """What an active memory contributes to its keys' counts."""
+
+    namespace: str
+    keys: tuple[str, ...]
+    expires_at: float | None
+
+
+class ActiveCounts:
+    """How many active (not superseded) memories each key has, per namespace, in memory.
+
+    ``recall`` and ``read_memory`` show a ``memory_count`` for every key they return; counting
+    a hub's links in SQLite costs milliseconds per key, this costs a dict lookup. Writers
+    report each memory's state before and after a change (``apply``). Memories with an expiry
+    are tracked too, so a count never includes a memory that expired but was not yet cleaned.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[str, int]] = {}
+        self._expiring: dict[str, MemberState] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, memory_id: str, before: MemberState | None, after: MemberState | None) -> None:
+        with self._lock:
+            for state, delta in ((before, -1), (after, 1)):
+                if state is None:
+                    continue
+                for kid in state.keys:
+                    by_ns = self._counts.setdefault(kid, {})
+                    by_ns[state.namespace] = by_ns.get(state.namespace, 0) + delta
+                    if by_ns[state.namespace] <= 0:
+                        del by_ns[state.namespace]
+                        if not by_ns:
+                            del self._counts[kid]
+            if after is not None and after.expires_at is not None:
+                self._expiring[memory_id] = after
+            else:
+                self._expiring.pop(memory_id, None)
+
+    def add_counts(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        """Load (key, namespace, active members without an expiry) rows at start."""
+        with self._lock:
+            for kid, namespace, n in rows:
+                by_ns = self._counts.setdefault(kid, {})
+                by_ns[namespace] = by_ns.get(namespace, 0) + n
+
+    def get_many(self, key_ids: Iterable[str], namespace: str | None, now: float) -> dict[str, int]:
+        with self._lock:
+            out = {}
+            for kid in key_ids:
+                by_ns = self._counts.get(kid, {})
+                out[kid] = by_ns.get(namespace, 0) if namespace is not None else sum(by_ns.values())
+            for state in self._expiring.values():
+                if state.expires_at is not None and now > state.expires_at and \
+                        (namespace is None or state.namespace == namespace):
+                    for kid in state.keys:
+                        if kid in out:
+                            out[kid] -= 1
+            return out

@@ -396,27 +396,28 @@ def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPl
 
 
 def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespace: str | None,
-                     *, pool: int | None, plan: QueryPlan | None = None) -> list[Member]:
-    """A key's active memories ranked by relevance x link weight x depth x freshness."""
+                     *, pool: int | None, plan: QueryPlan | None = None) -> tuple[list[Member], int]:
+    """A key's active memories ranked by relevance x link weight x depth x freshness, and
+    how many it has. With ``pool``, only the best ``pool`` by a cheap signal are ranked."""
     from keymem_daemon.engine.graph import get_memories
 
     now = graph.clock()
     if query is not None and plan is None:
         plan = plan_query(graph, query)
 
-    def read(conn: sqlite3.Connection) -> list[Member]:
-        members = key_members(conn, [key_id], scope_of(namespace), now, per_key=100_000)[key_id]
-        found = get_memories(conn, [m for m, _ in members])
-        memories = [found[m] for m, _ in members if m in found]
+    def read(conn: sqlite3.Connection) -> tuple[list[Member], int]:
+        members = key_members(conn, [key_id], scope_of(namespace), now, per_key=1_000_000)[key_id]
         weights = dict(members)
+        ids = [m for m, _ in members]
+        if plan is not None and pool is not None and len(ids) > pool:
+            # A hub: rank its members on a cheap signal (body cosine x link weight), then
+            # score only the best ``pool`` properly.
+            ids = _prefilter(graph, plan, ids, weights, pool)
+        found = get_memories(conn, ids)
+        memories = [found[m] for m in ids if m in found]
         relevance: dict[str, float] = {}
         if plan is not None:
-            candidates = memories
-            if pool is not None and len(candidates) > pool:
-                # Large hubs: rank the pool on cheap signals first, then score it properly.
-                candidates = _prefilter(graph, plan, candidates, weights, pool)
-            relevance = member_relevance(graph, conn, plan, candidates)
-            memories = candidates
+            relevance = member_relevance(graph, conn, plan, memories)
         ranked = []
         for m in memories:
             rel = relevance.get(m.id) if plan is not None else None
@@ -426,20 +427,21 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
                 score *= TEMPORAL_BOOST
             ranked.append(Member(m, weights[m.id], rel, score))
         ranked.sort(key=lambda x: (-x.score, -x.memory.created_at))
-        return ranked
+        return ranked, len(members)
 
     return graph.store.read(read)
 
 
-def _prefilter(graph: MemoryGraph, plan: QueryPlan, memories: Sequence[Memory], weights: Mapping[str, float],
-               pool: int) -> list[Memory]:
-    scored = []
-    for m in memories:
-        vector = graph.bodies.get(m.id)
-        cos = float(vector @ plan.focus_vector) if vector is not None else 0.0
-        scored.append((cos * weights[m.id], m))
-    scored.sort(key=lambda x: -x[0])
-    return [m for _, m in scored[:pool]]
+def _prefilter(graph: MemoryGraph, plan: QueryPlan, ids: Sequence[str], weights: Mapping[str, float],
+               pool: int) -> list[str]:
+    snap = graph.bodies.snapshot()
+    rows = [graph.bodies.row_of(m) for m in ids]
+    cos = np.zeros(len(ids), dtype=np.float32)
+    known = [i for i, r in enumerate(rows) if r is not None and r < len(snap.ids)]
+    if known:
+        cos[known] = snap.matrix[[rows[i] for i in known]] @ plan.focus_vector
+    scored = cos * np.array([weights[m] for m in ids], dtype=np.float32)
+    return [ids[i] for i in top_indices(scored, pool)]
 
 
 # -- recall: key clusters and the passive Top-1 -----------------------------------------
@@ -475,11 +477,16 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     _count_alias_hits(graph, plan, scores)
 
     def read(conn: sqlite3.Connection) -> tuple[list[CompactKey], int]:
-        ids = [c.key_id for c in candidates]
-        counts = graph.key_counts(conn, ids, ns, now)
         out: list[CompactKey] = []
         claimed: set[str] = set()
-        for c in candidates:
+        counts: dict[str, int] = {}
+        for index, c in enumerate(candidates):
+            if c.key_id not in counts:
+                # Count in small batches, best first: a hub's count is a join over its links,
+                # and most candidates are never shown.
+                batch = [x.key_id for x in candidates[index:index + 2 * top_k]]
+                counts.update({k: 0 for k in batch})
+                counts.update(graph.key_counts(batch, ns, now).counts)
             n = counts.get(c.key_id)
             info = graph.keys.get(c.key_id)
             if not n or info is None:
@@ -618,7 +625,7 @@ def nearest_keys(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores, ns: str
 
     def read(conn: sqlite3.Connection) -> list[NearestKey]:
         ids = [scores.ids[i] for i in order]
-        counts = graph.key_counts(conn, ids, ns, now)
+        counts = graph.key_counts(ids, ns, now)
         out = []
         for i in order:
             kid = scores.ids[i]
@@ -637,8 +644,7 @@ def nearest_keys(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores, ns: str
 
 def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None, max_chars: int,
                 context: object, host: Host | None) -> Preview | None:
-    pool = graph.settings.rerank_pool if graph.reranker is not None else None
-    ranked = rank_key_members(graph, key_id, cue.text, ns, pool=pool, plan=cue)
+    ranked, _ = rank_key_members(graph, key_id, cue.text, ns, pool=graph.settings.rerank_pool, plan=cue)
     if not ranked:
         return None
     best = ranked[0]

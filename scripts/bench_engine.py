@@ -1,0 +1,140 @@
+"""Engine speed and memory at 1k, 10k and 100k memories (in-process, no HTTP).
+
+    python scripts/bench_engine.py [--sizes 1000,10000,100000] [--ops 200]
+
+For each size it bulk-loads a synthetic store (scripts/synthetic_store.py: realistic key
+reuse, a third Korean), closes it, then measures:
+  load       reopening the store (indexes rebuilt from SQLite), seconds, and RSS after it
+  remember / recall / read_key / read_memory / recall_memories   p50 and p95 in ms
+Each process measures one size, so RSS figures are not polluted by the previous size.
+Baseline in the same run: one embedding of a short text (the floor of every query).
+Targets on 2 cores: every operation p95 <= 20 ms at 10k; recall p95 <= 60 ms at 100k;
+100k memories load in <= 5 s and <= 500 MB RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+QUERIES = ("deployment schedule for the billing API", "which editor does the user prefer", "배포 롤백 절차",
+           "kafka queue latency incident", "데이터베이스 마이그레이션 일정", "hiring budget meeting",
+           "what did we decide about redis cache", "테스트 커버리지 기준", "on-call alerting rules", "module42 owner")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    v = np.array(values) * 1000
+    return {"p50": round(float(np.percentile(v, 50)), 2), "p95": round(float(np.percentile(v, 95)), 2)}
+
+
+def measure(size: int, ops: int) -> dict[str, Any]:
+    from synthetic_store import generate
+
+    from keymem_daemon.config import Settings
+    from keymem_daemon.engine import retrieval, transfer
+    from keymem_daemon.engine.graph import MemoryGraph
+    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder
+
+    data = Path(tempfile.mkdtemp(prefix=f"keymem-bench-{size}-"))
+    settings = Settings(data_dir=data, rerank="false")
+    embedder = CachedEmbedder(UseEmbedder())
+    graph = MemoryGraph.open(settings.db_path, embedder, settings)
+    t0 = time.perf_counter()
+    transfer.import_data(graph, generate(size))
+    build = time.perf_counter() - t0
+    graph.close()
+    del graph
+    gc.collect()
+    before = rss_mb()
+    t0 = time.perf_counter()
+    graph = MemoryGraph.open(settings.db_path, embedder, settings)
+    load = time.perf_counter() - t0
+    graph.analyzer.preload_kiwi()
+    after_load = rss_mb()
+    rng = random.Random(1)
+    times: dict[str, list[float]] = {k: [] for k in ("remember", "recall", "read_key", "read_memory",
+                                                     "recall_memories")}
+    t0 = time.perf_counter()
+    embedder.inner.embed(["a fresh short text"])
+    embed_once = time.perf_counter() - t0
+    for i in range(ops):
+        query = QUERIES[i % len(QUERIES)] + ("" if i < len(QUERIES) else f" {i}")
+        t0 = time.perf_counter()
+        request = graph.prepare(content=f"Benchmark note {i}: the team moved the job {i} to a new queue.",
+                                keys=["benchmark", "queue", f"job{i}", "배포"])
+        saved = graph.remember(request)
+        times["remember"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        result = retrieval.recall(graph, query, top_k=8)
+        times["recall"].append(time.perf_counter() - t0)
+        if result.keys:
+            t0 = time.perf_counter()
+            page = graph.read_key(result.keys[0].key_id, query=query, limit=10)
+            times["read_key"].append(time.perf_counter() - t0)
+            if page.memories:
+                handle = page.memories[rng.randrange(len(page.memories))]
+                t0 = time.perf_counter()
+                graph.read_memory(handle.memory_id, via_key_id=result.keys[0].key_id)
+                times["read_memory"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        retrieval.hybrid_recall(graph, query, top_k=5, reinforce=False)
+        times["recall_memories"].append(time.perf_counter() - t0)
+        assert getattr(saved, "saved", None)
+    out = {"size": size, "build_s": round(build, 1), "load_s": round(load, 2),
+           "rss_before_load_mb": round(before), "rss_after_load_mb": round(after_load),
+           "rss_after_ops_mb": round(rss_mb()), "embed_one_ms": round(embed_once * 1000, 2),
+           **{name: percentiles(values) for name, values in times.items() if values}}
+    graph.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.ops)))
+        return
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        proc = subprocess.run([sys.executable, __file__, "--one", str(size), "--ops", str(args.ops)],
+                              capture_output=True, text=True, env={**os.environ})
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"size {size} failed")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), file=sys.stderr)
+    ops = ("remember", "recall", "read_key", "read_memory", "recall_memories")
+    print(f"{'size':>7s} {'build s':>8s} {'load s':>7s} {'RSS MB':>7s} " + " ".join(f"{o:>17s}" for o in ops))
+    for r in results:
+        cells = " ".join(f"{r[o]['p50']:7.1f}/{r[o]['p95']:7.1f}ms" if o in r else f"{'-':>17s}" for o in ops)
+        print(f"{r['size']:7d} {r['build_s']:8.1f} {r['load_s']:7.2f} {r['rss_after_ops_mb']:7d} {cells}")
+    print(f"(p50/p95; one short-text embedding: {results[0]['embed_one_ms']} ms)")
+
+
+if __name__ == "__main__":
+    main()
