@@ -1088,6 +1088,9 @@ class MemoryGraph:
                 if conn.execute("SELECT 1 FROM keys WHERE id = ?", (kid,)).fetchone():
                     info = self._key_info(conn, kid)
                     tx.after_commit(lambda info=info: self.keys.put(info))
+                    # The pruned alias was indexed with the key's memories: take it out.
+                    self._reindex_keys_of(tx, [r[0] for r in conn.execute(
+                        "SELECT memory_id FROM links WHERE key_id = ?", (kid,))])
             candidates = conn.execute("DELETE FROM alias_candidates WHERE last_seen <= ?", (cutoff,)).rowcount
             conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - 7 * 86400,))
             keys_after = conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0]

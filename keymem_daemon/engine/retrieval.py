@@ -85,10 +85,9 @@ DENSE_ADMIT: Final = 0.3
 MIN_ANCHOR: Final = 0.35
 # FTS5 bm25() weights for (content_tokens, key_tokens).
 LEXICAL_WEIGHTS: Final = (1.0, 0.6)
-# Content-only admission of a key in recall(): a member's bounded lexical score or body
-# cosine at or above these lets its key in although the key text is far from the query.
-CONTENT_LEX_GATE: Final = 0.6
-CONTENT_DENSE_GATE: Final = 0.55
+# Content-only admission of a key in recall(): a member whose relevance (coverage mixed
+# with body cosine) reaches this lets its key in although the key text is far from the query.
+CONTENT_GATE: Final = 0.5
 NEAREST_KEYS: Final = 5
 RERANK_POOL: Final = 30
 NO_MATCH_NOTE: Final = (
@@ -545,31 +544,31 @@ def _count_alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) ->
 
 def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: float
                     ) -> dict[str, tuple[float, str]]:
-    """Best content score of each key through its members: key -> (score, memory id)."""
+    """Best content relevance of each key through its members: key -> (score, memory id).
+
+    A key whose text is far from the query still surfaces when one of its memories answers
+    it (relevance at or above CONTENT_GATE, the same measure the push path uses)."""
 
     def read(conn: sqlite3.Connection) -> dict[str, tuple[float, str]]:
-        per_memory: dict[str, float] = {}
-        for mid, score in lexical(conn, cue.tokens, scope_of(ns), now):
-            value = bounded(score)
-            if value >= CONTENT_LEX_GATE:
-                per_memory[mid] = max(per_memory.get(mid, 0.0), value)
-        for mid, cos in dense(graph, cue.vector, scope_of(ns)):
-            if cos >= CONTENT_DENSE_GATE:
-                per_memory[mid] = max(per_memory.get(mid, 0.0), cos)
-        if not per_memory:
-            return {}
         from keymem_daemon.engine.graph import get_memories
 
-        found = get_memories(conn, per_memory)
+        ids = {mid for mid, _ in lexical(conn, cue.tokens, scope_of(ns), now)}
+        ids |= {mid for mid, cos in dense(graph, cue.focus_vector, scope_of(ns)) if cos >= DENSE_ADMIT}
+        found = get_memories(conn, ids)
+        live = [m for m in found.values() if m.active(now)]
+        cover = coverage_scores(graph, conn, cue, live)
+        per_memory: dict[str, float] = {}
+        for m in live:
+            vector = graph.bodies.get(m.id)
+            cosine = max(float(vector @ cue.focus_vector), float(vector @ cue.vector)) if vector is not None else 0.0
+            value = relevance(cover.get(m.id, 0.0), cosine)
+            if value >= CONTENT_GATE:
+                per_memory[m.id] = value * graph.rank_factor_of(m, now)
         out: dict[str, tuple[float, str]] = {}
         for mid, keys in links_of(conn, per_memory).items():
-            m = found.get(mid)
-            if m is None or not m.active(now):
-                continue
-            value = per_memory[mid] * graph.rank_factor_of(m, now)
             for kid, (_, auto) in keys.items():
-                if not auto and value > out.get(kid, (0.0, ""))[0]:
-                    out[kid] = (value, mid)
+                if not auto and per_memory[mid] > out.get(kid, (0.0, ""))[0]:
+                    out[kid] = (per_memory[mid], mid)
         return out
 
     return graph.store.read(read)
@@ -602,11 +601,11 @@ def _key_candidates(graph: MemoryGraph, plan: QueryPlan, cue: QueryPlan, scores:
             score = max(sim, content_score)
             if literal:
                 match = _literal_type(info, plan)
-            elif content_score > sim:
-                match = "content"
             else:
-                match = "semantic"
-                weak[kid] = round(sim, 3)
+                # Reached without being named: a read through this key teaches autokey.
+                match = "content" if content_score > sim else "semantic"
+                if sim >= floor:
+                    weak[kid] = round(sim, 3)
         pool[kid] = KeyCandidate(kid, score, match, literal, content_mid)
     ranked = sorted(pool.values(), key=lambda c: (-round(c.score, 3), not c.literal, -graph.idf(c.key_id)))
     return ranked, weak

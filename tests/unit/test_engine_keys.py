@@ -446,7 +446,8 @@ def test_a_semantic_match_confirmed_three_times_becomes_a_key_of_its_own(
     mid = remember(graph, "The user drinks espresso every morning", ["coffee", "morning"])
     coffee = key_id(graph, "coffee")
     found = retrieval.recall(graph, "espresso")
-    assert found.keys[0].key_id == coffee and found.keys[0].match_type == "semantic"
+    # Reached without being named (semantically, and through the memory's text).
+    assert found.keys[0].key_id == coffee and found.keys[0].match_type in ("semantic", "content")
     graph.read_memory(mid, via_key_id=coffee)
     weak_reads(graph, "espresso", mid, coffee, 2)
     espresso = key_id(graph, "espresso")
