@@ -128,7 +128,7 @@ class Service:
         turn = 0
         if self.settings.transcript_access != "false":
             try:
-                turn = max(0, transcripts.count_turns(self._roots, agent, session) - 1)  # type: ignore[arg-type]
+                turn = max(0, transcripts.count_turns(self._roots, agent, session) - 1)
             except (OSError, KeymemError):
                 turn = 0
         return Host(agent=agent, session=session.lower(), turn=turn, cwd=cwd)
@@ -249,7 +249,8 @@ class Service:
             yield line
 
     def cleanup(self) -> dict[str, Any]:
-        return render(self.ready_graph().cleanup_expired())
+        result: dict[str, Any] = render(self.ready_graph().cleanup_expired())
+        return result
 
     def checkpoint(self) -> None:
         if self.graph is not None:

@@ -297,7 +297,7 @@ def _list_sessions(ctx: Context, args: Args) -> Any:
     if agent is not None and agent not in transcripts.AGENTS:
         raise InvalidInput("agent must be claude or codex", field="agent")
     return transcripts.list_sessions(transcripts.TranscriptRoots.from_settings(ctx.settings),
-                                     agent=agent, limit=args.integer("limit", 20, 1, 200))  # type: ignore[arg-type]
+                                     agent=agent, limit=args.integer("limit", 20, 1, 200))
 
 
 def _get_conversation(ctx: Context, args: Args) -> Any:
@@ -306,7 +306,7 @@ def _get_conversation(ctx: Context, args: Args) -> Any:
         raise InvalidInput("agent must be claude or codex", field="agent")
     turn = args.integer("turn", -1, -1, 10_000_000) if args.has("turn") else None
     return transcripts.get_conversation(transcripts.TranscriptRoots.from_settings(ctx.settings),
-                                        args.text("session_id") or "", agent=agent,  # type: ignore[arg-type]
+                                        args.text("session_id") or "", agent=agent,
                                         turn=turn if turn is not None and turn >= 0 else None)
 
 

@@ -105,7 +105,7 @@ def report(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     print(f"{'path':14s} {'R@5':>6s} {'notfound':>9s} " + " ".join(f"{c[:9]:>9s}" for c in cats))
     out: dict[str, dict[str, float]] = {}
     for path in PATHS:
-        def r5(sel: Sequence[dict[str, Any]]) -> float:
+        def r5(sel: Sequence[dict[str, Any]], path: str = path) -> float:
             return float(np.mean([bool(set(r["ranked"][path][:5]) & set(r["gold"])) for r in sel])) if sel else 0.0
 
         figures = {"R@5": r5(found),

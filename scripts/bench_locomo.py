@@ -188,7 +188,7 @@ def report(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     print(header)
     out: dict[str, dict[str, float]] = {}
     for path in PATHS:
-        def recall_at(sel: Sequence[dict[str, Any]], k: int) -> float:
+        def recall_at(sel: Sequence[dict[str, Any]], k: int, path: str = path) -> float:
             return float(np.mean([r[path]["rank"] is not None and r[path]["rank"] < k for r in sel])) if sel else 0.0
 
         line = f"{path:12s}"

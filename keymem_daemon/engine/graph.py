@@ -11,6 +11,7 @@ thread never waits for a model. Retrieval (recall, hybrid recall, the push path)
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -40,7 +41,6 @@ from keymem_daemon.engine.freshness import (
     validity,
 )
 from keymem_daemon.engine.keys import (
-    ENTITY_TYPES,
     FEW_KEYS_NOTE,
     KEY_TYPES,
     LANGUAGE_NOTE,
@@ -49,8 +49,8 @@ from keymem_daemon.engine.keys import (
     ActiveCounts,
     KeyIndex,
     KeyInfo,
-    MemberState,
     KeyType,
+    MemberState,
     PendingKey,
     conflicting_qualifiers,
     cross_script,
@@ -404,7 +404,7 @@ class MemoryGraph:
             for start in range(0, len(rows), 256):
                 chunk = rows[start:start + 256]
                 vectors = self.embedder.embed([r[column] for r in chunk])
-                pairs = [(vector_bytes(v), r["id"]) for r, v in zip(chunk, vectors)]
+                pairs = [(vector_bytes(v), r["id"]) for r, v in zip(chunk, vectors, strict=True)]
 
                 def update(tx: Tx, pairs: list[tuple[bytes, str]] = pairs, table: str = table) -> None:
                     tx.conn.executemany(f"UPDATE {table} SET vector = ? WHERE id = ?", pairs)
@@ -450,7 +450,7 @@ class MemoryGraph:
         for mid in dict.fromkeys(ids):
             old, new = before.get(mid), self._member_state(tx.conn, mid)
             if old != new:
-                tx.after_commit(lambda mid=mid, old=old, new=new: self.counts.apply(mid, old, new))
+                tx.after_commit(functools.partial(self.counts.apply, mid, old, new))
 
     def key_view(self, info: KeyInfo, count: int, learned: Sequence[str] = ()) -> KeyView:
         return KeyView(
@@ -554,10 +554,7 @@ class MemoryGraph:
                 "(store the gist, or split it into several memories)", field="content")
         clean, found = redact(content)
         sanitized = sanitize_keys(keys) if keys is not None else None
-        if sanitized is not None:
-            clean_keys = [redact(k)[0] for k in sanitized.keys]
-        else:
-            clean_keys = []
+        clean_keys = [redact(k)[0] for k in sanitized.keys] if sanitized is not None else []
         if require_keys and not clean_keys:
             raise Refused(
                 "keys required: no usable key survived sanitizing (need 1+ CJK character, or 2+ "
@@ -616,7 +613,7 @@ class MemoryGraph:
                 raise InvalidInput("source is larger than 4000 characters", field="source")
         return NewMemory(
             content=clean, keys=clean_keys, key_types=types, namespace=ns, ttl_seconds=ttl,
-            decay_profile=profile, related_to=related, source=source,  # type: ignore[arg-type]
+            decay_profile=profile, related_to=related, source=source,
             observed_at=parse_observed_at(observed_at), redacted=[Redacted(r.kind, r.count) for r in found],
             dropped_keys=sanitized.dropped if sanitized is not None else [],
         )
@@ -666,7 +663,7 @@ class MemoryGraph:
             if replay is not None:
                 return replay
             out: list[BatchItem] = []
-            for index, (item, vectors) in enumerate(zip(items, prepared)):
+            for index, (item, vectors) in enumerate(zip(items, prepared, strict=True)):
                 if isinstance(item, InvalidInput) or vectors is None:
                     error = item if isinstance(item, InvalidInput) else InvalidInput("invalid item")
                     out.append(BatchItem(index=index, error=error.message, field=error.field))
@@ -709,7 +706,7 @@ class MemoryGraph:
         texts = [*request.keys, request.content]
         vectors = self.embedder.embed(texts)
         tokens = " ".join(self.analyzer.index_tokens(request.content))
-        return MemoryGraph._Vectors(dict(zip(request.keys, vectors[:-1])), vectors[-1], tokens)
+        return MemoryGraph._Vectors(dict(zip(request.keys, vectors[:-1], strict=True)), vectors[-1], tokens)
 
     def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
                       source: dict[str, Any]) -> tuple[str, bool, list[KeyRef]]:
@@ -823,7 +820,7 @@ class MemoryGraph:
         # Key infos above already carry fresh link counts; only untouched keys need deltas.
         for kid in new_links:
             if kid not in touched:
-                tx.after_commit(lambda kid=kid: self.keys.add_links(kid, 1))
+                tx.after_commit(functools.partial(self.keys.add_links, kid, 1))
         return [KeyRef(concept=infos[k].concept if k in infos else self._concept(k), key_id=k) for k in linked]
 
     def _concept(self, key_id: str) -> str:
@@ -839,7 +836,7 @@ class MemoryGraph:
         latin = [k for k in concepts if script_of(k) == "latin"]
         if not hangul or not latin:
             return {}
-        sims = np.stack([vectors[h] for h in hangul]) @ np.stack([vectors[l] for l in latin]).T
+        sims = np.stack([vectors[h] for h in hangul]) @ np.stack([vectors[w] for w in latin]).T
         pairs: dict[str, str] = {}
         order = {k: i for i, k in enumerate(keys)}
         for i, h in enumerate(hangul):
@@ -998,7 +995,7 @@ class MemoryGraph:
                         "INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
                         [(r[0], new, max(LINK_MIN, r[1] - CORRECT_PENALTY), r[2]) for r in inherited])
                     for r in inherited:
-                        tx.after_commit(lambda kid=r[0]: self.keys.add_links(kid, 1))
+                        tx.after_commit(functools.partial(self.keys.add_links, r[0], 1))
                     concepts = [r[3] for r in inherited]
                     if concepts:
                         note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
@@ -1043,9 +1040,9 @@ class MemoryGraph:
             remaining = conn.execute("SELECT 1 FROM links WHERE key_id = ? LIMIT 1", (kid,)).fetchone()
             if remaining is None:
                 conn.execute("DELETE FROM keys WHERE id = ?", (kid,))
-                tx.after_commit(lambda kid=kid: self.keys.remove(kid))
+                tx.after_commit(functools.partial(self.keys.remove, kid))
             else:
-                tx.after_commit(lambda kid=kid: self.keys.add_links(kid, -1))
+                tx.after_commit(functools.partial(self.keys.add_links, kid, -1))
         memory_id = memory.id
         tx.after_commit(lambda: self.bodies.remove(memory_id))
         return restored
@@ -1087,7 +1084,7 @@ class MemoryGraph:
             for kid in {r[0] for r in stale}:
                 if conn.execute("SELECT 1 FROM keys WHERE id = ?", (kid,)).fetchone():
                     info = self._key_info(conn, kid)
-                    tx.after_commit(lambda info=info: self.keys.put(info))
+                    tx.after_commit(functools.partial(self.keys.put, info))
                     # The pruned alias was indexed with the key's memories: take it out.
                     self._reindex_keys_of(tx, [r[0] for r in conn.execute(
                         "SELECT memory_id FROM links WHERE key_id = ?", (kid,))])
@@ -1393,7 +1390,8 @@ class MemoryGraph:
                     scores[other] = scores.get(other, 0.0) + weight
                     shared.setdefault(other, []).append(info.concept)
                     kinds.setdefault(other, set()).add("key")
-            for sql in ("SELECT to_id FROM relations WHERE from_id = ?", "SELECT from_id FROM relations WHERE to_id = ?"):
+            for sql in ("SELECT to_id FROM relations WHERE from_id = ?",
+                        "SELECT from_id FROM relations WHERE to_id = ?"):
                 for (other,) in conn.execute(sql, (memory_id,)):
                     scores[other] = scores.get(other, 0.0) + 1.0
                     kinds.setdefault(other, set()).add("explicit")

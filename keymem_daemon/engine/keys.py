@@ -86,7 +86,7 @@ def conflicting_qualifiers(a: str, b: str) -> bool:
     pa, pb = _pieces(a), _pieces(b)
     if len(pa) != len(pb) or pa == pb:
         return False
-    differing = [(x, y) for x, y in zip(pa, pb) if x != y]
+    differing = [(x, y) for x, y in zip(pa, pb, strict=True) if x != y]
     shared = len(pa) - len(differing)
     return shared >= 1 and all(_QUALIFIER.match(x) and _QUALIFIER.match(y) for x, y in differing)
 

@@ -118,10 +118,7 @@ def top_indices(values: npt.NDArray[np.floating], n: int) -> npt.NDArray[np.intp
     """Indices of the ``n`` largest values, largest first."""
     if n <= 0 or values.size == 0:
         return np.zeros(0, dtype=np.intp)
-    if values.size > n:
-        part = np.argpartition(-values, n - 1)[:n]
-    else:
-        part = np.arange(values.size)
+    part = np.argpartition(-values, n - 1)[:n] if values.size > n else np.arange(values.size)
     return part[np.argsort(-values[part], kind="stable")]
 
 
@@ -137,7 +134,8 @@ _COMPARISON_EN = re.compile(
     r"\b(?:vs\.?|versus|both|compare[ds]?|comparison|differen(?:ce|t)|differ|earlier|later|first|"
     r"same)\b|\b(?:which|who)\b.*\bor\b|\b(?:higher|lower|older|younger|more|less|bigger|smaller|"
     r"better|worse)\b.*\bthan\b", re.I)
-_COMPARISON_KO = re.compile(r"둘 다|(?:^|\s)중(?:\s|$|에)|보다|비교|차이|동일|같(?:은|다|나요|습니까)|먼저|나중|누가|어느")
+_COMPARISON_KO = re.compile(
+    r"둘 다|(?:^|\s)중(?:\s|$|에)|보다|비교|차이|동일|같(?:은|다|나요|습니까)|먼저|나중|누가|어느")
 _ENTITY_TAIL = re.compile(r"^(?:과|와|은|는|이|가|을|를|의|보다|중|랑|이랑|하고)?(?:$|[^\w])")
 
 
@@ -230,7 +228,7 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     focus = [w.surface for w in content if df.get(w.stem, 0) < COMMON_SHARE * max(1, total)]
     focus_text = " ".join(focus or [w.surface for w in content]) or text
     vectors = graph.embedder.embed([text[:2000], focus_text[:2000], *terms])
-    by_term = dict(zip(terms, vectors[2:]))
+    by_term = dict(zip(terms, vectors[2:], strict=True))
     token_vectors: dict[str, npt.NDArray[np.float32]] = {}
     for w in content:
         if w.surface in by_term:
@@ -384,7 +382,7 @@ def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPl
     if graph.reranker is not None:
         logits = graph.reranker.score(plan.text, [m.content for m in memories])
         if logits is not None:
-            return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits)}
+            return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits, strict=True)}
     cover = coverage_scores(graph, conn, plan, memories)
     out = {}
     for m in memories:
@@ -434,11 +432,16 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
 def _prefilter(graph: MemoryGraph, plan: QueryPlan, ids: Sequence[str], weights: Mapping[str, float],
                pool: int) -> list[str]:
     snap = graph.bodies.snapshot()
-    rows = [graph.bodies.row_of(m) for m in ids]
     cos = np.zeros(len(ids), dtype=np.float32)
-    known = [i for i, r in enumerate(rows) if r is not None and r < len(snap.ids)]
+    known: list[int] = []
+    rows: list[int] = []
+    for i, memory_id in enumerate(ids):
+        row = graph.bodies.row_of(memory_id)
+        if row is not None and row < len(snap.ids):
+            known.append(i)
+            rows.append(row)
     if known:
-        cos[known] = snap.matrix[[rows[i] for i in known]] @ plan.focus_vector
+        cos[known] = snap.matrix[rows] @ plan.focus_vector
     scored = cos * np.array([weights[m] for m in ids], dtype=np.float32)
     return [ids[i] for i in top_indices(scored, pool)]
 
@@ -453,6 +456,7 @@ class KeyCandidate:
     match_type: str
     literal: bool
     content_memory: str | None
+    similarity: float = 0.0
 
 
 def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k: int = 8,
@@ -535,7 +539,7 @@ def _count_alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) ->
         info = graph.keys.get(kid)
         if info is None:
             continue
-        for alias, compact in zip(info.aliases, info.alias_compacts):
+        for alias, compact in zip(info.aliases, info.alias_compacts, strict=True):
             if compact in plan.literal_forms:
                 pairs.append((kid, alias))
     if pairs:
@@ -606,8 +610,11 @@ def _key_candidates(graph: MemoryGraph, plan: QueryPlan, cue: QueryPlan, scores:
                 match = "content" if content_score > sim else "semantic"
                 if sim >= floor:
                     weak[kid] = round(sim, 3)
-        pool[kid] = KeyCandidate(kid, score, match, literal, content_mid)
-    ranked = sorted(pool.values(), key=lambda c: (-round(c.score, 3), not c.literal, -graph.idf(c.key_id)))
+        pool[kid] = KeyCandidate(kid, score, match, literal, content_mid, sim)
+    # Ties (several keys of one memory reached through its content) go to the key whose own
+    # text is closest to the query, then to the more specific key.
+    ranked = sorted(pool.values(), key=lambda c: (-round(c.score, 3), not c.literal, -c.similarity,
+                                                  -graph.idf(c.key_id)))
     return ranked, weak
 
 
@@ -910,12 +917,13 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
             return
         more = get_memories(conn, gains)
         frontier = []
-        for other, (gain, kid, label) in gains.items():
+        for other, (gain, via_key, label) in gains.items():
             m = more.get(other)
             if m is None or not m.active(now) or (scope is not None and m.namespace not in scope):
                 continue
             found[other] = m
-            c = Candidate(other, score=gain * graph.rank_factor_of(m, now) * EXPAND_HOP_FACTOR, hop=hop, hop_key=kid)
+            c = Candidate(other, score=gain * graph.rank_factor_of(m, now) * EXPAND_HOP_FACTOR, hop=hop,
+                          hop_key=via_key)
             if label:
                 c.tag(label)
                 anchored.add(other)

@@ -162,9 +162,9 @@ class Tx:
     """A write transaction in progress: the connection, and work to do after COMMIT."""
 
     conn: sqlite3.Connection
-    _after: list[Callable[[], None]] = field(default_factory=list)
+    _after: list[Callable[[], object]] = field(default_factory=list)
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
+    def after_commit(self, callback: Callable[[], object]) -> None:
         self._after.append(callback)
 
 

@@ -71,6 +71,7 @@ def truncate(content: str, max_chars: int) -> tuple[str, bool]:
 
 # Words that carry no topic. English: function words, auxiliaries and question words.
 # Korean: pronouns, dependent nouns and light verbs that survive morpheme tagging.
+# (A word list reads best as text, hence the split.)
 STOPWORDS: Final = frozenset(
     """a about above after again against all am an and any are aren't as at be because been
     before being below between both but by can could did didn't do does doesn't doing don't
@@ -84,7 +85,7 @@ STOPWORDS: Final = frozenset(
     ve re m
     것 거 수 등 때 중 우리 저희 나 저 너 그 이 저것 이것 그것 뭐 무엇 무슨 어디 언제 누구 왜 어떻게
     어느 하 있 없 되 않 좀 잘 더 또 다 너무 정말 진짜 그냥 알리 주 보 말하 대하 관하 관련 대한
-    내 제 네 혹시 그거 이거 저거 아무 얼마 얼마나 몇 뭘 어떤 many much""".split()
+    내 제 네 혹시 그거 이거 저거 아무 얼마 얼마나 몇 뭘 어떤 many much""".split()  # noqa: SIM905
 )
 
 # Kiwi tags whose morphemes form the nominal stem of an eojeol.
@@ -175,7 +176,7 @@ class Analyzer:
             while span_index + 1 < len(spans) and token.start >= spans[span_index][1]:
                 span_index += 1
             groups[span_index].append(token)
-        for (start, end), morphemes in zip(spans, groups):
+        for (start, end), morphemes in zip(spans, groups, strict=True):
             surface = norm[start:end]
             if not has_hangul(surface):
                 words.extend(self._latin_words(surface))
@@ -270,7 +271,7 @@ def query_terms(words: Sequence[Word], *, whole: str | None = None, limit: int =
         add(w.surface)
         for sub in w.subs:
             add(sub)
-    for a, b in zip(words, words[1:]):
+    for a, b in zip(words, words[1:], strict=False):
         if not a.stop and not b.stop and a.nominal and b.nominal:
             add(f"{a.surface} {b.surface}")
     return terms

@@ -158,7 +158,8 @@ def _from_upstream(data: Mapping[str, Any]) -> dict[str, Any]:
                                 "added_at": (info or {}).get("addedAt"), "hits": (info or {}).get("hits", 0)})
         keys.append({"id": k.get("id", kid), "concept": k.get("concept"), "key_type": k.get("key_type", "concept"),
                      "aliases": aliases})
-    memories, relations = [], []
+    memories: list[dict[str, Any]] = []
+    relations: list[dict[str, Any]] = []
     superseded_by = {m.get("supersedes"): mid for mid, m in memories_in.items()
                      if isinstance(m, Mapping) and m.get("supersedes")}
     for mid, m in memories_in.items():
@@ -253,12 +254,13 @@ def _validate(data: Mapping[str, Any], now: float) -> _Plan:
         links.append({"key_id": kid, "memory_id": mid,
                       "weight": c.number("weight", optional=True, default=1.0, low=0.0, high=10.0),
                       "auto": bool(raw.get("auto"))})
-    relations = []
+    relations: list[tuple[str, str]] = []
     for i, raw in enumerate(data.get("relations") or []):
         c = _Check(f"relations[{i}]", raw)
-        a, b = c.text("from"), c.text("to")
-        if a in seen_memories and b in seen_memories and a != b:
-            relations.append((a, b))
+        source, target = c.text("from"), c.text("to")
+        if source in seen_memories and target in seen_memories and source != target:
+            assert source is not None and target is not None
+            relations.append((source, target))
     candidates = []
     for i, raw in enumerate(data.get("alias_candidates") or []):
         c = _Check(f"alias_candidates[{i}]", raw)
@@ -303,7 +305,7 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
     key_ids = {k["id"] for k in plan.keys}
     for start in range(0, total, EMBED_BATCH):
         chunk = todo[start:start + EMBED_BATCH]
-        for (item_id, _), vector in zip(chunk, graph.embedder.embed([text for _, text in chunk])):
+        for (item_id, _), vector in zip(chunk, graph.embedder.embed([text for _, text in chunk]), strict=True):
             (key_vectors if item_id in key_ids else body_vectors)[item_id] = vector_bytes(vector)
         report("embedding", min(total, start + EMBED_BATCH), total)
     tokens: dict[str, str] = {}
