@@ -374,7 +374,10 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "the old one, which stays readable by id only. Omit keys to keep the same keys; unspecified ttl, "
          "decay_profile and related_to are inherited.",
          {"memory_id": _MEMORY_ID, "content": {"type": "string"}, "keys": _KEYS, "key_types": _KEY_TYPES,
-          "ttl_seconds": {**_TTL, "type": ["number", "null"]}, "decay_profile": _DECAY, "related_to": _RELATED,
+          "ttl_seconds": {"anyOf": [{"type": "number"}, {"type": "null"}],
+                          "description": "Expire this many seconds from now; null clears the expiry; "
+                                         "omitted keeps the old one."},
+          "decay_profile": _DECAY, "related_to": _RELATED,
           "source": _SOURCE, "observed_at": _OBSERVED},
          ("memory_id", "content"), _correct),
     Tool("dismiss",

@@ -1,0 +1,91 @@
+"""keymem-shim: the MCP stdio server that Claude Code, Codex and other MCP hosts spawn.
+
+It speaks MCP on stdin/stdout and forwards everything to the per-user daemon (keymemd)
+over loopback HTTP: tool definitions, tool calls, prompts and the server instructions all
+come from the daemon. It finds the daemon through ``<data>/daemon.json`` and starts one
+(``keymemd start``, detached) when none answers; it never loads a model itself.
+
+Start-up overlaps the two slow things: the daemon is found (or spawned) in a thread while
+the MCP SDK is imported, and the ``initialize`` answer waits for the daemon only until
+``STARTUP_WAIT`` has passed since start -- the daemon answers as soon as it listens, long
+before its models are loaded. A daemon that is not up by then is reported by the tool
+calls, and the instructions fall back to the daemon's text without live counts.
+
+Only ``main()`` is public. Logs go to stderr: stdout is the MCP stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = ["main"]
+
+STARTUP_WAIT: Final = 3.0
+"""Seconds from start until the shim serves MCP whether or not a daemon answers."""
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    from keymem_daemon import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="keymem-shim",
+        description="keymem's MCP server over stdio, backed by the keymemd daemon. MCP hosts "
+        "spawn it with no arguments; it reads the same KEYMEM_* variables as keymemd "
+        "(KEYMEM_DATA_DIR, KEYMEM_AUTOSTART, KEYMEM_START_TIMEOUT) and starts the daemon "
+        "when none answers. Example: claude mcp add keymem -- keymem-shim",
+    )
+    parser.add_argument("--version", action="version", version=f"keymem-shim {__version__}")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the shim until the host closes stdin (console script ``keymem-shim``)."""
+    started = time.monotonic()
+    _arguments(argv)
+
+    import logging
+
+    from keymem_daemon.config import Settings
+    from keymem_daemon.errors import KeymemError
+    from keymem_shim._client import (
+        Bootstrap,
+        DaemonClient,
+        HostIdentity,
+        Launcher,
+        current_directory,
+    )
+
+    try:
+        settings = Settings.from_env(os.environ)
+    except KeymemError as exc:
+        print(f"keymem-shim: {exc.message}", file=sys.stderr)
+        raise SystemExit(1) from None
+    # Only keymem's own loggers follow KEYMEM_LOG_LEVEL: httpx would log every request.
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.WARNING,
+        format="keymem-shim[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    for name in ("keymem_shim", "keymem_daemon"):
+        logging.getLogger(name).setLevel(settings.log_level.upper())
+    identity = HostIdentity.from_env(os.environ, cwd=current_directory(), hook_installed=settings.hook_installed)
+    launcher = Launcher(settings)
+    bootstrap = Bootstrap(launcher, identity, deadline=started + STARTUP_WAIT)
+    bootstrap.start()
+
+    import anyio
+
+    from keymem_shim import _server  # the MCP SDK: most of the start-up time
+
+    info, instructions = bootstrap.result()
+    if instructions is None:
+        instructions = _server.fallback_instructions(hook_installed=settings.hook_installed)
+    client = DaemonClient(launcher, identity, info=info)
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(lambda: _server.serve(client, instructions=instructions))
