@@ -61,6 +61,10 @@ logger = logging.getLogger(__name__)
 
 CHANNEL_DEPTH: Final = 50
 KEY_PATH_KEYS: Final = 10
+# A matched key adds its members as candidates only when it has at most this many.
+KEY_PATH_MEMBERS: Final = 100
+# At most this many memories join the pool for being observed in a named period.
+WINDOW_MEMBERS: Final = 200
 HOP_DECAY: Final = 0.3
 HOP_KEY_MAX_MEMBERS: Final = 5
 EXPAND_HOP_FACTOR: Final = 0.7
@@ -808,10 +812,15 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         for mid, cos in dense(graph, cue.focus_vector, scope, limit=CANDIDATE_DEPTH):
             if cos >= DENSE_ADMIT:
                 cand(mid).tag("(content)")
-        members = key_members(conn, [k for k, _, _ in keys], scope, now)
+        members = key_members(conn, [k for k, _, _ in keys], scope, now, per_key=KEY_PATH_MEMBERS + 1)
         for kid, _, _ in keys:
             info = graph.keys.get(kid)
-            for mid, _ in members.get(kid, []):
+            group = members.get(kid, [])
+            if len(group) > KEY_PATH_MEMBERS:
+                # A hub names a topic, not a memory: its members come through the other
+                # channels (its text is in their lexical index) or not at all.
+                continue
+            for mid, _ in group:
                 c = cand(mid)
                 if info is not None:
                     c.tag(info.concept)
@@ -819,7 +828,8 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             where, params = scope_clause(scope)
             rows = conn.execute(
                 f"SELECT m.id FROM memories m WHERE COALESCE(m.observed_at, m.created_at) >= ? AND "
-                f"COALESCE(m.observed_at, m.created_at) < ? AND {ACTIVE}{where} LIMIT 500",
+                f"COALESCE(m.observed_at, m.created_at) < ? AND {ACTIVE}{where} "
+                f"ORDER BY COALESCE(m.observed_at, m.created_at) DESC LIMIT {WINDOW_MEMBERS}",
                 [plan.window.start, plan.window.end, now, *params]).fetchall()
             # A memory observed in the named period joins the pool even if no channel saw it.
             for (mid,) in rows:
@@ -1039,6 +1049,7 @@ class InjectResult:
 
 
 MIN_PROMPT_CHARS: Final = 6
+LINE_CUT: Final = " …[truncated; read_memory for all]"
 INJECT_HEADER: Final = (
     "Memories keymem surfaced for this message (unconfirmed; ignore any that are irrelevant). "
     "read_memory(id) loads the full text and counts the access, but does not confirm it is still true. "
@@ -1061,10 +1072,10 @@ def render_inject(memories: Sequence[InjectedMemory], max_chars: int) -> str | N
         prefix = f"- [{m.id} ns={m.namespace}{key} {status} rel={m.relevance_score:.2f}] "
         text = " ".join(m.content.split())
         room = per - len(prefix)
-        if room < 20:
+        if room < 20 + len(LINE_CUT):
             break
         if len(text) > room:
-            text = text[: room - 32].rstrip() + " …[truncated; read_memory for all]"
+            text = text[: room - len(LINE_CUT)].rstrip() + LINE_CUT
         line = prefix + text
         if sum(len(x) + 1 for x in lines) + len(line) + 1 > budget:
             break

@@ -85,7 +85,7 @@ STOPWORDS: Final = frozenset(
     ve re m
     것 거 수 등 때 중 우리 저희 나 저 너 그 이 저것 이것 그것 뭐 무엇 무슨 어디 언제 누구 왜 어떻게
     어느 하 있 없 되 않 좀 잘 더 또 다 너무 정말 진짜 그냥 알리 주 보 말하 대하 관하 관련 대한
-    내 제 네 혹시 그거 이거 저거 아무 얼마 얼마나 몇 뭘 어떤 many much""".split()  # noqa: SIM905
+    내 제 네 혹시 그거 이거 저거 아무 얼마 얼마나 몇 뭘 어떤 이번 지난 다음 저번 many much""".split()  # noqa: SIM905
 )
 
 # Kiwi tags whose morphemes form the nominal stem of an eojeol.
