@@ -72,10 +72,11 @@ class Service:
         """Load the embedder and the store (blocking; the daemon runs it in a thread)."""
         from keymem_daemon.engine.text import default_analyzer
         from keymem_daemon.models.download import DownloadProgress
-        from keymem_daemon.models.embedders import CachedEmbedder, load_embedder_or_default
+        from keymem_daemon.models.embedders import CachedEmbedder, load_embedder_or_default, single_threaded_blas
         from keymem_daemon.models.reranker import RerankerManager
 
         started = time.perf_counter()
+        single_threaded_blas()
         try:
             self.progress = DownloadProgress()
             embedder, note = load_embedder_or_default(self.settings, progress=self.progress)

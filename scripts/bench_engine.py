@@ -15,7 +15,6 @@ Targets on 2 cores: every operation p95 <= 20 ms at 10k; recall p95 <= 60 ms at 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import random
@@ -49,29 +48,41 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(v, 50)), 2), "p95": round(float(np.percentile(v, 95)), 2)}
 
 
-def measure(size: int, ops: int) -> dict[str, Any]:
+def build(size: int) -> tuple[Path, float]:
+    """Bulk-load a synthetic store of ``size`` memories; returns its data dir and seconds."""
     from synthetic_store import generate
 
     from keymem_daemon.config import Settings
-    from keymem_daemon.engine import retrieval, transfer
+    from keymem_daemon.engine import transfer
     from keymem_daemon.engine.graph import MemoryGraph
-    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder
+    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
 
+    single_threaded_blas()
     data = Path(tempfile.mkdtemp(prefix=f"keymem-bench-{size}-"))
     settings = Settings(data_dir=data, rerank="false")
-    embedder = CachedEmbedder(UseEmbedder())
-    graph = MemoryGraph.open(settings.db_path, embedder, settings)
+    graph = MemoryGraph.open(settings.db_path, CachedEmbedder(UseEmbedder()), settings)
     t0 = time.perf_counter()
     transfer.import_data(graph, generate(size))
-    build = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
     graph.close()
-    del graph
-    gc.collect()
+    return data, seconds
+
+
+def measure(data: Path, ops: int) -> dict[str, Any]:
+    """Open the store at ``data`` in this (fresh) process and time the operations."""
+    from keymem_daemon.config import Settings
+    from keymem_daemon.engine import retrieval
+    from keymem_daemon.engine.graph import MemoryGraph
+    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
+
+    single_threaded_blas()  # as the daemon does
+    settings = Settings(data_dir=data, rerank="false")
+    embedder = CachedEmbedder(UseEmbedder())
     before = rss_mb()
     t0 = time.perf_counter()
     graph = MemoryGraph.open(settings.db_path, embedder, settings)
+    graph.analyzer.preload_kiwi()  # the store holds Korean: the daemon loads Kiwi at start
     load = time.perf_counter() - t0
-    graph.analyzer.preload_kiwi()
     after_load = rss_mb()
     rng = random.Random(1)
     times: dict[str, list[float]] = {k: [] for k in ("remember", "recall", "read_key", "read_memory",
@@ -102,38 +113,48 @@ def measure(size: int, ops: int) -> dict[str, Any]:
         retrieval.hybrid_recall(graph, query, top_k=5, reinforce=False)
         times["recall_memories"].append(time.perf_counter() - t0)
         assert getattr(saved, "saved", None)
-    out = {"size": size, "build_s": round(build, 1), "load_s": round(load, 2),
-           "rss_before_load_mb": round(before), "rss_after_load_mb": round(after_load),
+    out = {"load_s": round(load, 2), "rss_before_open_mb": round(before), "rss_after_load_mb": round(after_load),
            "rss_after_ops_mb": round(rss_mb()), "embed_one_ms": round(embed_once * 1000, 2),
            **{name: percentiles(values) for name, values in times.items() if values}}
     graph.close()
     return out
 
 
+def run_child(*args: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env={**os.environ})
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{' '.join(args)} failed")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--ops", type=int, default=200)
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--build", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.one, args.ops)))
+    if args.build:
+        data, seconds = build(args.build)
+        print(json.dumps({"data": str(data), "build_s": round(seconds, 1)}))
+        return
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.ops)))
         return
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
-        proc = subprocess.run([sys.executable, __file__, "--one", str(size), "--ops", str(args.ops)],
-                              capture_output=True, text=True, env={**os.environ})
-        if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"size {size} failed")
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        built = run_child("--build", str(size))
+        measured = run_child("--measure", built["data"], "--ops", str(args.ops))
+        results.append({"size": size, "build_s": built["build_s"], **measured})
         print(json.dumps(results[-1]), file=sys.stderr)
     ops = ("remember", "recall", "read_key", "read_memory", "recall_memories")
     print(f"{'size':>7s} {'build s':>8s} {'load s':>7s} {'RSS MB':>7s} " + " ".join(f"{o:>17s}" for o in ops))
     for r in results:
         cells = " ".join(f"{r[o]['p50']:7.1f}/{r[o]['p95']:7.1f}ms" if o in r else f"{'-':>17s}" for o in ops)
-        print(f"{r['size']:7d} {r['build_s']:8.1f} {r['load_s']:7.2f} {r['rss_after_ops_mb']:7d} {cells}")
-    print(f"(p50/p95; one short-text embedding: {results[0]['embed_one_ms']} ms)")
+        print(f"{r['size']:7d} {r['build_s']:8.1f} {r['load_s']:7.2f} {r['rss_after_load_mb']:7d} {cells}")
+    print(f"(p50/p95; RSS right after opening the store; one short-text embedding: {results[0]['embed_one_ms']} ms)")
 
 
 if __name__ == "__main__":

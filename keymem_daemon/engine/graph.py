@@ -428,8 +428,9 @@ class MemoryGraph:
     def rank_factor_of(self, memory: Memory, now: float) -> float:
         return rank_factor(freshness(memory.decay_profile, memory.last_confirmed_at, now, self.lives))
 
-    def key_counts(self, key_ids: Iterable[str], namespace: str | None, now: float) -> KeyCounts:
-        return KeyCounts(self.counts.get_many(key_ids, namespace, now))
+    def key_counts(self, key_ids: Iterable[str], namespaces: Iterable[str] | str | None, now: float) -> KeyCounts:
+        """Active memories of each key in a namespace, a set of them, or all (None)."""
+        return KeyCounts(self.counts.get_many(key_ids, namespaces, now))
 
     def _member_state(self, conn: sqlite3.Connection, memory_id: str) -> MemberState | None:
         """What the memory contributes to key counts now (None: gone or superseded)."""

@@ -383,15 +383,18 @@ class ActiveCounts:
                 by_ns = self._counts.setdefault(kid, {})
                 by_ns[namespace] = by_ns.get(namespace, 0) + n
 
-    def get_many(self, key_ids: Iterable[str], namespace: str | None, now: float) -> dict[str, int]:
+    def get_many(self, key_ids: Iterable[str], namespaces: Iterable[str] | str | None,
+                 now: float) -> dict[str, int]:
+        """Active members of each key in these namespaces (one name, several, or None = all)."""
+        scope = {namespaces} if isinstance(namespaces, str) else (None if namespaces is None else set(namespaces))
         with self._lock:
             out = {}
             for kid in key_ids:
                 by_ns = self._counts.get(kid, {})
-                out[kid] = by_ns.get(namespace, 0) if namespace is not None else sum(by_ns.values())
+                out[kid] = sum(n for ns, n in by_ns.items() if scope is None or ns in scope)
             for state in self._expiring.values():
                 if state.expires_at is not None and now > state.expires_at and \
-                        (namespace is None or state.namespace == namespace):
+                        (scope is None or state.namespace in scope):
                     for kid in state.keys:
                         if kid in out:
                             out[kid] -= 1

@@ -81,7 +81,7 @@ COMMON_SHARE: Final = 0.2
 EPISODE_SEEDS: Final = 5
 EPISODE_BONUS: Final = 0.2
 EPISODE_GAP: Final = 1800.0
-CANDIDATE_DEPTH: Final = 100
+CANDIDATE_DEPTH: Final = 50
 # Body cosine at which the dense channel alone admits a memory as a candidate; below it a
 # memory must come through another channel (or a hop), so hops still mean something.
 DENSE_ADMIT: Final = 0.3
@@ -812,15 +812,14 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         for mid, cos in dense(graph, cue.focus_vector, scope, limit=CANDIDATE_DEPTH):
             if cos >= DENSE_ADMIT:
                 cand(mid).tag("(content)")
-        members = key_members(conn, [k for k, _, _ in keys], scope, now, per_key=KEY_PATH_MEMBERS + 1)
-        for kid, _, _ in keys:
+        # A hub names a topic, not a memory: its members come through the other channels
+        # (its text is in their lexical index) or not at all.
+        sizes = graph.key_counts([k for k, _, _ in keys], scope, now).counts
+        narrow = [k for k, _, _ in keys if 0 < sizes.get(k, 0) <= KEY_PATH_MEMBERS]
+        members = key_members(conn, narrow, scope, now)
+        for kid in narrow:
             info = graph.keys.get(kid)
-            group = members.get(kid, [])
-            if len(group) > KEY_PATH_MEMBERS:
-                # A hub names a topic, not a memory: its members come through the other
-                # channels (its text is in their lexical index) or not at all.
-                continue
-            for mid, _ in group:
+            for mid, _ in members.get(kid, []):
                 c = cand(mid)
                 if info is not None:
                     c.tag(info.concept)
@@ -900,7 +899,9 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
     for hop in range(2, hops + 1):
         gains: dict[str, tuple[float, str | None, str]] = {}
         key_ids = {kid for mid in frontier for kid, (_, auto) in link_map.get(mid, {}).items() if not auto}
-        members = key_members(conn, sorted(key_ids), scope, now, per_key=HOP_KEY_MAX_MEMBERS + 1)
+        sizes = graph.key_counts(key_ids, scope, now).counts
+        members = key_members(conn, sorted(k for k in key_ids if sizes.get(k, 0) <= HOP_KEY_MAX_MEMBERS), scope,
+                              now)
         for mid in frontier:
             source = cands[mid]
             for kid, (_, auto) in link_map.get(mid, {}).items():

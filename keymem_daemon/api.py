@@ -1,0 +1,660 @@
+"""The HTTP edge of the daemon: ``create_app(service, settings, token)``.
+
+Routes map one-to-one onto ``Service`` methods (``DESIGN.md`` §2); pydantic appears only
+here, for request and response bodies, so the OpenAPI document (``GET /openapi.json``,
+token required) describes every route exactly.
+
+Every request first passes ``_Guard``, a pure ASGI middleware that refuses, before any
+route runs or any body is read:
+
+- a ``Host`` other than ``127.0.0.1:<port>`` / ``localhost:<port>``, and any ``Origin``
+  header (403: DNS rebinding and browser pages);
+- a missing or wrong bearer token on anything but ``GET /health`` (401, compared in
+  constant time);
+- a POST body that is not ``application/json`` (415) or is larger than
+  ``KEYMEM_MAX_BODY_BYTES`` (413, decided from ``Content-Length`` without reading it, or
+  as soon as a chunked body passes the cap).
+
+Errors have one shape, ``{"error": {"code", "message"}}``: ``KeymemError`` renders its own
+``status``/``code``, request validation is 422 ``invalid_input``, routing misses are 404 /
+405, anything else is a 500 logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+import anyio
+import anyio.to_thread
+from fastapi import Body, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from keymem_daemon import __version__, runtime
+from keymem_daemon.config import Settings
+from keymem_daemon.engine.graph import Host
+from keymem_daemon.engine.model import render
+from keymem_daemon.errors import (
+    ForbiddenOrigin,
+    InvalidInput,
+    KeymemError,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from keymem_daemon.service import InjectRequest, Service
+
+logger = logging.getLogger(__name__)
+
+PUBLIC_PATHS: Final = frozenset({"/health"})
+"""The only paths served without the bearer token."""
+IMPORT_PATH: Final = "/v1/import"
+IMPORT_MAX_BYTES: Final = 512 * 1024 * 1024
+"""``/v1/import`` carries whole exports, so it takes more than ``KEYMEM_MAX_BODY_BYTES``."""
+BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
+MAX_IDEMPOTENCY_KEY: Final = 200
+STORE_THREADS: Final = 32
+"""Worker threads for tool calls, inject, export (writes still go through one writer)."""
+QUICK_THREADS: Final = 8
+"""Worker threads for quick reads that must answer during a burst of writes."""
+
+
+class UnsupportedMediaType(KeymemError):
+    """A request body that is not JSON (a browser form post, text/plain).
+
+    Lives here until ``errors.py`` grows it: only the HTTP edge raises it.
+    """
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+# -- request and response bodies -----------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable error code, e.g. not_found.")
+    message: str = Field(description="What is wrong, for a human or an agent.")
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+class HealthOut(BaseModel):
+    status: Literal["starting", "ready", "failed"]
+    version: str
+    pid: int
+    error: str | None = Field(None, description="Why loading failed (status failed only).")
+
+
+class ToolDefinition(BaseModel):
+    name: str
+    description: str
+    inputSchema: dict[str, Any] = Field(description="JSON Schema of the tool's arguments.")  # noqa: N815
+
+
+class ToolsOut(BaseModel):
+    tools: list[ToolDefinition]
+
+
+class ToolCall(_Strict):
+    arguments: dict[str, Any] | None = Field(None, description="The tool's arguments (see its inputSchema).")
+
+
+class ToolResult(BaseModel):
+    result: Any = Field(description="The tool's JSON result; refusals carry an `error` field.")
+    is_error: bool = Field(description="True when the call itself was malformed (bad arguments).")
+
+
+class InstructionsOut(BaseModel):
+    instructions: str
+
+
+class PromptArgument(BaseModel):
+    name: str
+    description: str | None = None
+    required: bool | None = None
+
+
+class PromptInfo(BaseModel):
+    name: str
+    description: str
+    arguments: list[PromptArgument]
+
+
+class PromptsOut(BaseModel):
+    prompts: list[PromptInfo]
+
+
+class PromptMessage(BaseModel):
+    role: Literal["user", "assistant"]
+    content: dict[str, Any] = Field(description='MCP content block, e.g. {"type": "text", "text": ...}.')
+
+
+class PromptOut(BaseModel):
+    description: str
+    messages: list[PromptMessage]
+
+
+class InjectIn(_Strict):
+    prompt: str = Field(description="The user's message.")
+    cwd: str | None = Field(None, description="The host's working directory (selects namespaces).")
+    namespace: str | None = Field(None, description="Search this namespace instead of the cwd's.")
+    top_k: int = Field(2, ge=1, le=10, description="Most memories to surface.")
+    max_chars: int | None = Field(None, ge=256, le=20000, description="Size of the rendered block.")
+    session_id: str | None = None
+    agent: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("prompt must be a non-empty string")
+        return value
+
+
+class KeyRefOut(BaseModel):
+    concept: str
+    key_id: str
+
+
+class InjectedMemoryOut(BaseModel):
+    id: str
+    content: str
+    namespace: str
+    relevance_score: float
+    matched_key: KeyRefOut | None
+    keys: list[KeyRefOut]
+    validity: dict[str, Any]
+    content_truncated: bool | None = None
+
+
+class InjectOut(BaseModel):
+    context: str | None = Field(description="The block to add to the prompt; null when nothing is relevant.")
+    memories: list[InjectedMemoryOut]
+    keys: list[KeyRefOut]
+    took_ms: float
+    skipped: str | None = Field(None, description="Why nothing was searched (too short, a slash command).")
+
+
+class StatsOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    state: Literal["starting", "ready", "failed"]
+    uptime_s: float
+    data_dir: str
+
+
+class ExportIn(_Strict):
+    include_vectors: bool = Field(False, description="Also export key and memory vectors (base64).")
+
+
+class ImportEvent(BaseModel):
+    """One NDJSON line of ``POST /v1/import``."""
+
+    event: Literal["progress", "done", "error"]
+    phase: str | None = None
+    done: int | None = None
+    total: int | None = None
+    result: dict[str, Any] | None = None
+    error: ErrorDetail | None = None
+
+
+class ShutdownOut(BaseModel):
+    status: Literal["shutting_down"]
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+_HTTP_CODES: Final = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        where = "body" if error.get("type") == "json_invalid" else ".".join(loc) or "body"
+        message = str(error.get("msg", "invalid"))
+        detail = (error.get("ctx") or {}).get("error")
+        if error.get("type") == "json_invalid" and detail:
+            message = f"{message} ({detail})"
+        elif message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts) or "invalid request"
+
+
+async def handle_error(request: Request, exc: Exception) -> JSONResponse:
+    """The one exception handler: every error leaves the daemon in the same shape."""
+    if isinstance(exc, KeymemError):
+        if exc.status >= 500 and exc.status != 503:
+            logger.warning(
+                "%s %s -> %d %s: %s",
+                request.method,
+                request.url.path,
+                exc.status,
+                exc.code,
+                exc.message,
+            )
+        return error_response(exc.status, exc.code, exc.message)
+    if isinstance(exc, RequestValidationError):
+        return error_response(InvalidInput.status, InvalidInput.code, _validation_message(exc))
+    if isinstance(exc, StarletteHTTPException):
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not accept {request.method}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, code, message)
+    logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, KeymemError.code, f"internal error: {type(exc).__name__}")
+
+
+# -- the guard -------------------------------------------------------------------------------
+
+
+class Activity:
+    """When the last authenticated request ended, and how many are running (idle exit)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._last = clock()
+
+    def begin(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._last = self._clock()
+
+    def idle_for(self) -> float:
+        """Seconds since the last request ended; 0 while one is running."""
+        with self._lock:
+            return 0.0 if self._in_flight else self._clock() - self._last
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json"
+
+
+class _Guard:
+    """Host, Origin, token, media type and body size, checked before anything else runs."""
+
+    def __init__(self, app: ASGIApp, *, token: str, port: int, max_body_bytes: int, activity: Activity) -> None:
+        self.app = app
+        self._token = token.encode()
+        self._hosts = {f"127.0.0.1:{port}", f"localhost:{port}"} if port else None
+        self._max_body = max_body_bytes
+        self._activity = activity
+
+    def _host_ok(self, host: str) -> bool:
+        if self._hosts is not None:
+            return host.lower() in self._hosts
+        return host.lower().rsplit(":", 1)[0] in ("127.0.0.1", "localhost")  # port unknown (tests)
+
+    def _refuse(self, scope: Scope, headers: Headers) -> KeymemError | None:
+        path = scope["path"]
+        if not self._host_ok(headers.get("host", "")):
+            return ForbiddenOrigin(
+                "requests must address 127.0.0.1 or localhost on the daemon's port (foreign Host header refused)"
+            )
+        if "origin" in headers:
+            return ForbiddenOrigin("requests from web pages (with an Origin header) are refused")
+        if path not in PUBLIC_PATHS:
+            scheme, _, supplied = headers.get("authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or not supplied.strip():
+                return Unauthorized("missing bearer token (Authorization: Bearer <token from daemon.json>)")
+            if not hmac.compare_digest(supplied.strip().encode("latin-1", "replace"), self._token):
+                return Unauthorized("wrong bearer token")
+        return None
+
+    def _limit(self, path: str) -> int:
+        return max(self._max_body, IMPORT_MAX_BYTES) if path == IMPORT_PATH else self._max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = self._refuse(scope, headers)
+        if refusal is None and scope["method"] in BODY_METHODS:
+            refusal, receive = await self._body(scope, headers, receive)
+        if refusal is not None:
+            logger.info("refused %s %s: %d %s", scope["method"], scope["path"], refusal.status, refusal.code)
+            await error_response(refusal.status, refusal.code, refusal.message)(scope, receive, send)
+            return
+        counted = scope["path"] not in PUBLIC_PATHS
+        if counted:
+            self._activity.begin()
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            if started:
+                raise
+            await error_response(500, KeymemError.code, "internal error; see the daemon log")(scope, receive, send)
+        finally:
+            if counted:
+                self._activity.end()
+
+    async def _body(self, scope: Scope, headers: Headers, receive: Receive) -> tuple[KeymemError | None, Receive]:
+        limit = self._limit(scope["path"])
+        length_header = headers.get("content-length")
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        if length_header is not None:
+            try:
+                length = int(length_header)
+            except ValueError:
+                return InvalidInput("Content-Length is not a number"), receive
+            if length == 0 and not chunked:
+                return None, receive
+        elif not chunked:
+            return None, receive  # no body at all
+        else:
+            length = -1
+        if not _is_json(headers.get("content-type", "")):
+            return UnsupportedMediaType("request bodies must be application/json"), receive
+        if length > limit:
+            return PayloadTooLarge(
+                f"request body of {length} bytes exceeds the limit of {limit} bytes (KEYMEM_MAX_BODY_BYTES)"
+            ), receive
+        if length >= 0:
+            return None, receive  # the server enforces Content-Length framing
+        # Chunked: read up to the cap, stop as soon as it is passed, then replay.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return InvalidInput("the client went away while sending the body"), receive
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return PayloadTooLarge(
+                    f"request body exceeds the limit of {limit} bytes (KEYMEM_MAX_BODY_BYTES)"
+                ), receive
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return None, replay
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HostHeaders:
+    """The ``X-Keymem-Host-*`` headers of one request, resolved to a ``Host`` in a worker."""
+
+    agent: str | None
+    session: str | None
+    cwd: str | None
+
+
+async def host_headers(
+    x_keymem_host_agent: Annotated[str | None, Header(description="claude or codex")] = None,
+    x_keymem_host_session: Annotated[str | None, Header(description="Host session UUID")] = None,
+    x_keymem_host_cwd: Annotated[str | None, Header(description="Host working directory")] = None,
+) -> HostHeaders:
+    """Who is calling (the daemon has no identity of its own: every request says)."""
+    return HostHeaders(x_keymem_host_agent, x_keymem_host_session, x_keymem_host_cwd)
+
+
+HostDep = Annotated[HostHeaders, Depends(host_headers)]
+
+_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    status: {"model": ErrorOut, "description": description}
+    for status, description in (
+        (401, "Missing or wrong bearer token"),
+        (403, "Foreign Host header, or an Origin header"),
+        (413, "Request body too large"),
+        (415, "Request body is not application/json"),
+        (422, "Invalid request body"),
+        (500, "Internal error"),
+        (503, "Still loading, or loading failed"),
+    )
+}
+_NOT_FOUND: Final[dict[int | str, dict[str, Any]]] = {404: {"model": ErrorOut, "description": "Unknown name"}}
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    """Serialise in the calling (worker) thread, so a large body never stalls the event loop."""
+    body = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(body.encode("utf-8"), status_code=status, media_type="application/json")
+
+
+class _Workers:
+    """Blocking work runs in worker threads, one hop per request.
+
+    One hop matters: anyio's limiter is first-come first-served, so a request that needed
+    several hops would queue behind every request that arrived meanwhile, and under a burst
+    nobody would get an answer until everybody was done. Quick reads (tool definitions,
+    stats, prompts) have their own threads so ``keymemd status`` answers during a burst.
+    """
+
+    def __init__(self) -> None:
+        self.store = anyio.CapacityLimiter(STORE_THREADS)
+        self.quick = anyio.CapacityLimiter(QUICK_THREADS)
+
+    async def run(self, fn: Callable[[], Response], *, quick: bool = False) -> Response:
+        return await anyio.to_thread.run_sync(fn, limiter=self.quick if quick else self.store)
+
+
+def create_app(
+    service: Service,
+    settings: Settings,
+    token: str,
+    *,
+    on_shutdown: Callable[[], None] | None = None,
+    activity: Activity | None = None,
+) -> FastAPI:
+    """The daemon's FastAPI application.
+
+    ``settings.port`` must be the bound port (the Host check uses it). ``on_shutdown`` is
+    called by ``POST /v1/shutdown`` before it replies: the daemon removes ``daemon.json``
+    there and asks uvicorn to exit once in-flight requests are done. ``activity`` records
+    authenticated requests for the idle-exit check.
+    """
+    app = FastAPI(
+        title="keymemd",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        responses=_ERRORS,
+        description="keymem daemon: associative long-term memory for LLM coding agents. "
+        "Every route except /health needs `Authorization: Bearer <token>` "
+        "(the token is in <data>/daemon.json).",
+    )
+    app.state.activity = activity or Activity()
+    app.state.service = service
+    for exc_type in (KeymemError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(exc_type, handle_error)
+    app.add_middleware(
+        _Guard,
+        token=token,
+        port=settings.port,
+        max_body_bytes=settings.max_body_bytes,
+        activity=app.state.activity,
+    )
+    workers = _Workers()
+
+    def host_of(headers: HostHeaders) -> Host:
+        return service.host(headers.agent, headers.session, headers.cwd)
+
+    @app.get("/health", response_model=HealthOut, response_model_exclude_none=True, tags=["health"])
+    async def health() -> dict[str, Any]:
+        """Liveness and readiness (`starting` -> `ready`); no token needed."""
+        return service.health()
+
+    @app.get("/v1/tools", response_model=ToolsOut, tags=["mcp"])
+    async def list_tools(host: HostDep) -> Response:
+        """The MCP tool definitions visible to this caller (no models needed)."""
+        return await workers.run(lambda: json_response({"tools": service.tool_definitions(host_of(host))}), quick=True)
+
+    @app.post("/v1/tools/{name}", response_model=ToolResult, tags=["mcp"], responses=_NOT_FOUND)
+    async def call_tool(
+        name: str,
+        host: HostDep,
+        body: ToolCall | None = None,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                max_length=MAX_IDEMPOTENCY_KEY,
+                description="A retried write returns the first result instead of writing twice.",
+            ),
+        ] = None,
+    ) -> Response:
+        """Call one tool: `{arguments}` -> `{result, is_error}`."""
+        arguments = body.arguments if body else None
+
+        def work() -> Response:
+            outcome = service.call_tool(name, arguments, host_of(host), idempotency_key=idempotency_key or None)
+            return json_response({"result": outcome.result, "is_error": outcome.is_error})
+
+        return await workers.run(work)
+
+    @app.get("/v1/instructions", response_model=InstructionsOut, tags=["mcp"])
+    async def get_instructions() -> Response:
+        """The MCP server instructions, with live key/memory/link counts."""
+        return await workers.run(lambda: json_response({"instructions": service.instructions()}), quick=True)
+
+    @app.get("/v1/prompts", response_model=PromptsOut, tags=["mcp"])
+    async def list_prompts() -> Response:
+        """The MCP prompts."""
+        return await workers.run(lambda: json_response({"prompts": service.prompts()}), quick=True)
+
+    @app.get("/v1/prompts/{name}", response_model=PromptOut, tags=["mcp"], responses=_NOT_FOUND)
+    async def get_prompt(name: str) -> Response:
+        """One MCP prompt, rendered."""
+        return await workers.run(lambda: json_response(service.get_prompt(name)), quick=True)
+
+    @app.post("/v1/inject", response_model=InjectOut, tags=["push"])
+    async def inject(body: InjectIn) -> Response:
+        """The push path: memories relevant to a prompt, rendered for the prompt hook."""
+        request = InjectRequest(**body.model_dump())
+        return await workers.run(lambda: json_response(render(service.inject(request))))
+
+    @app.get("/v1/stats", response_model=StatsOut, tags=["operations"])
+    async def stats() -> Response:
+        """State, uptime, counts, embedder, reranker and download progress."""
+        return await workers.run(lambda: json_response(render(service.stats())), quick=True)
+
+    @app.post("/v1/export", response_model=dict[str, Any], tags=["operations"])
+    async def export(body: ExportIn | None = None) -> Response:
+        """The whole store as lossless JSON (the input of `/v1/import`)."""
+        include = bool(body and body.include_vectors)
+        return await workers.run(lambda: json_response(service.export(include_vectors=include)))
+
+    @app.post(
+        IMPORT_PATH,
+        response_class=StreamingResponse,
+        tags=["operations"],
+        responses={
+            200: {
+                "description": "NDJSON: progress lines, then one `done` or `error` line.",
+                "content": {"application/x-ndjson": {"schema": {"$ref": "#/components/schemas/ImportEvent"}}},
+            }
+        },
+    )
+    async def import_(
+        data: Annotated[dict[str, Any], Body(description="A keymem export, or an upstream keymem graph.json.")],
+    ) -> StreamingResponse:
+        """Import an export (or an upstream graph.json), streaming progress as NDJSON."""
+        service.ready_graph()  # 503 now, rather than an error line after a 200
+
+        def lines() -> Iterator[str]:
+            for line in service.import_events(data):
+                yield line + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/v1/shutdown", response_model=ShutdownOut, tags=["lifecycle"])
+    async def shutdown() -> Response:
+        """Stop the daemon: `daemon.json` is gone before this answers; in-flight requests finish."""
+
+        def work() -> Response:
+            if on_shutdown is not None:
+                on_shutdown()
+            else:
+                runtime.remove_daemon_info(settings.data_dir)
+            logger.info("shutdown requested over HTTP")
+            return json_response({"status": "shutting_down"})
+
+        return await workers.run(work, quick=True)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {})["ImportEvent"] = ImportEvent.model_json_schema(
+                ref_template="#/components/schemas/{model}"
+            )
+            for name, sub in (
+                ImportEvent.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}).items()
+            ):
+                components["schemas"].setdefault(name, sub)
+            components["schemas"]["ImportEvent"].pop("$defs", None)
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            schema["security"] = [{"bearer": []}]
+            health_op = schema["paths"]["/health"]["get"]
+            health_op["security"] = []
+            health_op["responses"].pop("401", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,638 @@
+"""``keymemd``: start, stop and inspect the keymem daemon; export and import its store.
+
+Human output by default; ``--json`` prints one JSON object on stdout instead (stable
+keys). Diagnostics and progress go to stderr. An expected failure is one line on stderr
+and exit code 1; misuse is exit code 2 (click's).
+
+``start``, ``stop`` and ``status`` import only light modules (config, errors, runtime,
+logs): no numpy, onnx, kiwi or fastapi, so they answer quickly. ``run`` imports the
+daemon itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import plistlib
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TextIO, TypeVar
+
+import click
+import httpx
+
+from keymem_daemon import __version__, logs, runtime
+from keymem_daemon.config import Settings
+from keymem_daemon.errors import DaemonNotRunning, KeymemError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+LOG_TAIL_LINES: Final = 30
+"""Log lines shown when ``start`` fails."""
+FOLLOW_POLL_INTERVAL: Final = 0.25
+REQUEST_TIMEOUT: Final = 30.0
+TRANSFER_TIMEOUT: Final = 3600.0
+"""Export and import of a large store may take minutes."""
+SYSTEMD_UNIT: Final = "keymemd.service"
+LAUNCHD_LABEL: Final = "dev.keymem.keymemd"
+
+CONTEXT_SETTINGS: Final = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@dataclass
+class CliState:
+    """What every command shares: the environment, and ``--data-dir`` if given."""
+
+    environ: Mapping[str, str]
+    data_dir: Path | None = None
+    _settings: Settings | None = field(default=None, repr=False)
+
+    def settings(self, **overrides: Any) -> Settings:
+        """``Settings.from_env`` once; CLI flags override fields explicitly."""
+        if self._settings is None or overrides:
+            try:
+                built = Settings.from_env(self.environ, data_dir=self.data_dir, **overrides)
+            except KeymemError as exc:
+                raise click.ClickException(exc.message) from None
+            if overrides:
+                return built
+            self._settings = built
+        return self._settings
+
+
+pass_state = click.make_pass_decorator(CliState, ensure=True)
+
+
+def json_option(fn: F) -> F:
+    """``--json``: print one JSON object on stdout instead of text."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(fn)
+
+
+def emit(as_json: bool, data: Mapping[str, Any], human: str | Sequence[str]) -> None:
+    """The commands' only output: ``data`` as JSON, or the human text."""
+    if as_json:
+        click.echo(json.dumps(data, ensure_ascii=False, sort_keys=True))
+    else:
+        click.echo(human if isinstance(human, str) else "\n".join(human))
+
+
+def note(message: str) -> None:
+    """A diagnostic, on stderr."""
+    click.echo(message, err=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [
+        f"{days}d" if days else "",
+        f"{hours}h" if hours else "",
+        f"{minutes}m" if minutes else "",
+    ]
+    return " ".join(p for p in parts if p) or f"{secs}s"
+
+
+def _daemon_error(response: httpx.Response) -> click.ClickException:
+    try:
+        error = response.json()["error"]
+        message = f"{error['message']} ({error['code']}, HTTP {response.status_code})"
+    except (ValueError, KeyError, TypeError):
+        message = f"the daemon answered HTTP {response.status_code}"
+    return click.ClickException(message)
+
+
+def _ready_daemon(settings: Settings) -> runtime.DaemonInfo:
+    """The running daemon, once ready (it may still be loading); a ClickException if none."""
+    try:
+        runtime.read_daemon_info(settings.data_dir)
+        return runtime.wait_until_ready(settings.data_dir, timeout=settings.start_timeout)
+    except DaemonNotRunning as exc:
+        raise click.ClickException(f"{exc.message} (start it with: keymemd start)") from None
+
+
+def _client(info: runtime.DaemonInfo, timeout: float = REQUEST_TIMEOUT) -> httpx.Client:
+    return httpx.Client(
+        base_url=info.url,
+        headers=info.headers,
+        timeout=httpx.Timeout(timeout, connect=runtime.HEALTH_TIMEOUT * 5),
+    )
+
+
+# -- the group -------------------------------------------------------------------------------
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="keymemd")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Data directory (default: KEYMEM_DATA_DIR, else ~/.keymem).",
+)
+@pass_state
+def cli(state: CliState, data_dir: Path | None) -> None:
+    """keymemd: the keymem long-term memory daemon (one per user and data directory).
+
+    Example:
+
+    \b
+        keymemd start && keymemd status
+    """
+    if data_dir is not None:
+        state.data_dir = data_dir.expanduser().resolve()
+
+
+@cli.command()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help="Port on 127.0.0.1 (default: KEYMEM_PORT, else free).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds to wait until ready (default: KEYMEM_START_TIMEOUT).",
+)
+@json_option
+@pass_state
+def start(state: CliState, port: int | None, timeout: float | None, as_json: bool) -> None:
+    """Start the daemon in the background and wait until it is ready.
+
+    Does nothing when a daemon already serves the data directory; concurrent starts end
+    with exactly one daemon. On failure the end of the log is printed.
+
+    Example:
+
+    \b
+        keymemd start --json
+    """
+    settings = state.settings(port=port)
+    run_args = ["--port", str(port)] if port is not None else []
+    try:
+        result = runtime.start_daemon(settings, timeout=timeout, run_args=run_args, environ=state.environ)
+    except DaemonNotRunning as exc:
+        tail = logs.tail(settings.log_path, LOG_TAIL_LINES)
+        if tail:
+            note(f"--- last {len(tail)} lines of {settings.log_path} ---")
+            note("\n".join(tail))
+        raise click.ClickException(exc.message) from None
+    info = result.info
+    verb = "started" if result.started else "already running"
+    emit(
+        as_json,
+        {
+            "started": result.started,
+            "pid": info.pid,
+            "port": info.port,
+            "url": info.url,
+            "version": info.version,
+            "data_dir": info.data_dir,
+            "log": str(settings.log_path),
+        },
+        f"keymemd {verb} on {info.url} (pid {info.pid}, data {info.data_dir})",
+    )
+
+
+@cli.command()
+@json_option
+@pass_state
+def stop(state: CliState, as_json: bool) -> None:
+    """Stop the daemon: ask it to shut down, then SIGTERM, then SIGKILL.
+
+    In-flight requests finish and the store is flushed first. Stopping a daemon that is
+    not running is not an error.
+
+    Example:
+
+    \b
+        keymemd stop
+    """
+    settings = state.settings()
+    try:
+        # A daemon still starting holds the lock before it publishes daemon.json: wait for it.
+        owner = runtime.wait_for_owner(settings.data_dir, settings.start_timeout)
+    except DaemonNotRunning as exc:
+        raise click.ClickException(exc.message) from None
+    if owner is None:
+        reason = "keymemd is not running"
+        try:
+            runtime.read_daemon_info(settings.data_dir)
+        except DaemonNotRunning as exc:
+            reason = exc.message  # says why: no file, or a stale one
+        stale = runtime.clear_stale_info(settings.data_dir)
+        reason += "; removed the stale daemon.json" if stale else ""
+        emit(as_json, {"stopped": False, "reason": reason}, f"keymemd is not running: {reason}")
+        return
+    info = owner
+    try:
+        how = runtime.stop_daemon(info, settings.data_dir)
+    except DaemonNotRunning as exc:
+        raise click.ClickException(exc.message) from None
+    emit(
+        as_json,
+        {"stopped": how != "not_running", "pid": info.pid, "how": how},
+        f"keymemd stopped (pid {info.pid}, {how})",
+    )
+
+
+@cli.command()
+@json_option
+@pass_state
+def status(state: CliState, as_json: bool) -> None:
+    """Show whether the daemon runs, where, since when, and what it holds.
+
+    Exit code 0 when it answers, 1 when it does not.
+
+    Example:
+
+    \b
+        keymemd status --json
+    """
+    settings = state.settings()
+    try:
+        info = runtime.read_daemon_info(settings.data_dir)
+    except DaemonNotRunning as exc:
+        emit(
+            as_json,
+            {"running": False, "data_dir": str(settings.data_dir), "reason": exc.message},
+            f"keymemd is not running: {exc.message}",
+        )
+        sys.exit(1)
+    health = runtime.get_health(info)
+    if health is None:
+        reason = f"pid {info.pid} is alive but does not answer on {info.url}"
+        emit(
+            as_json,
+            {"running": False, "pid": info.pid, "data_dir": info.data_dir, "reason": reason},
+            f"keymemd is not answering: {reason}",
+        )
+        sys.exit(1)
+    stats: dict[str, Any] = {}
+    try:
+        with _client(info, runtime.HEALTH_TIMEOUT * 5) as client:
+            response = client.get("/v1/stats")
+        if response.status_code == 200:
+            stats = response.json()
+    except (httpx.HTTPError, ValueError):
+        pass
+    data: dict[str, Any] = {
+        "running": True,
+        "pid": info.pid,
+        "port": info.port,
+        "url": info.url,
+        "version": info.version,
+        "state": health.get("status"),
+        "started_at": info.started_at,
+        "uptime_s": round(time.time() - info.started_at, 1),
+        "data_dir": info.data_dir,
+        "embedder": stats.get("embedder") or info.embedder,
+        "memories": stats.get("memories"),
+        "keys": stats.get("keys"),
+        "links": stats.get("links"),
+        "reranker": stats.get("reranker"),
+        "downloads": stats.get("downloads"),
+    }
+    if health.get("error"):
+        data["error"] = health["error"]
+    lines = [
+        f"keymemd {info.version} {data['state']} on {info.url} (pid {info.pid})",
+        f"  data dir:  {info.data_dir}",
+        f"  uptime:    {_duration(data['uptime_s'])}",
+    ]
+    if data["memories"] is not None:
+        lines.append(f"  store:     {data['memories']} memories, {data['keys']} keys, {data['links']} links")
+    if data["embedder"]:
+        lines.append(f"  embedder:  {data['embedder']}")
+    if isinstance(data["reranker"], dict):
+        detail = data["reranker"].get("detail")
+        lines.append(f"  reranker:  {data['reranker'].get('state')}" + (f" ({detail})" if detail else ""))
+    if data.get("error"):
+        lines.append(f"  error:     {data['error']}")
+    emit(as_json, data, lines)
+
+
+@cli.command()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help="Port on 127.0.0.1 (default: KEYMEM_PORT, else free).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log level (default: KEYMEM_LOG_LEVEL).",
+)
+@click.option("--background", is_flag=True, hidden=True, help="Log to the file only (used by start).")
+@pass_state
+def run(state: CliState, port: int | None, log_level: str | None, background: bool) -> None:
+    """Run the daemon in the foreground until SIGTERM or Ctrl+C (for systemd and launchd).
+
+    Logs go to <data>/logs/daemon.log and to stderr.
+
+    Example:
+
+    \b
+        KEYMEM_DATA_DIR=/tmp/km keymemd run --port 8765
+    """
+    settings = state.settings(port=port, log_level=log_level)
+    from keymem_daemon import daemon  # the heavy part: FastAPI, the engine, the models
+
+    try:
+        code = daemon.run(settings, log_to_stderr=not background)
+    except KeymemError as exc:
+        raise click.ClickException(exc.message) from None
+    sys.exit(code)
+
+
+@cli.command(name="logs")
+@click.option(
+    "-n",
+    "--lines",
+    default=50,
+    show_default=True,
+    type=click.IntRange(0),
+    help="How many of the last lines to show.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl+C.")
+@json_option
+@pass_state
+def logs_cmd(state: CliState, lines: int, follow: bool, as_json: bool) -> None:
+    """Show the daemon's log (<data>/logs/daemon.log).
+
+    Example:
+
+    \b
+        keymemd logs -n 100 -f
+    """
+    if follow and as_json:
+        raise click.UsageError("--json cannot be combined with --follow")
+    path = state.settings().log_path
+    if not follow:
+        last = logs.tail(path, lines)
+        emit(as_json, {"path": str(path), "lines": last}, last)
+        return
+    handle = _open_log(path)
+    if handle is not None:  # the tail, then whatever is appended after it, from one handle
+        for line in collections.deque(handle, maxlen=lines) if lines else ():
+            click.echo(line, nl=False)
+    _follow(path, handle)
+
+
+def _open_log(path: Path) -> TextIO | None:
+    try:
+        return open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by _follow
+    except FileNotFoundError:
+        return None
+
+
+def _follow(path: Path, handle: TextIO | None) -> None:
+    """Print what is appended to ``path`` until interrupted, following it across rotations."""
+    try:
+        while True:
+            chunk = handle.read() if handle is not None else ""
+            if chunk:
+                click.echo(chunk, nl=False)
+                continue
+            if handle is None or not logs.same_file(path, handle.fileno()):
+                if handle is not None:
+                    handle.close()
+                handle = _open_log(path)  # rotated in (or created): read it from its start
+                if handle is not None:
+                    continue
+            time.sleep(FOLLOW_POLL_INTERVAL)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+@cli.command(name="install-service")
+@click.option("--systemd", "kind", flag_value="systemd", help="A systemd user unit (default on Linux).")
+@click.option("--launchd", "kind", flag_value="launchd", help="A launchd agent plist (default on macOS).")
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Write the file (instead of printing it) and print how to enable it.",
+)
+@click.option("--force", is_flag=True, help="With --write: replace a different existing file.")
+@json_option
+@pass_state
+def install_service(state: CliState, kind: str | None, write: bool, force: bool, as_json: bool) -> None:
+    """Print (or --write) a service definition that runs the daemon at login.
+
+    The service runs `<python> -m keymem_daemon run` with KEYMEM_DATA_DIR set. Stop a
+    daemon started with `keymemd start` before enabling it.
+
+    Example:
+
+    \b
+        keymemd install-service --systemd --write
+    """
+    settings = state.settings()
+    kind = kind or ("launchd" if sys.platform == "darwin" else "systemd")
+    home = Path(state.environ.get("HOME") or Path.home())
+    if kind == "systemd":
+        path = home / ".config" / "systemd" / "user" / SYSTEMD_UNIT
+        content = systemd_unit(settings)
+        commands = [
+            "systemctl --user daemon-reload",
+            f"systemctl --user enable --now {SYSTEMD_UNIT}",
+            'loginctl enable-linger "$USER"   # optional: keep it running after logout',
+        ]
+    else:
+        path = home / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
+        content = launchd_plist(settings)
+        commands = [
+            f'launchctl bootstrap gui/"$(id -u)" "{path}"',
+            f'launchctl kickstart -k gui/"$(id -u)"/{LAUNCHD_LABEL}',
+        ]
+    data: dict[str, Any] = {
+        "kind": kind,
+        "path": str(path),
+        "content": content,
+        "written": False,
+        "commands": commands,
+    }
+    if not write:
+        emit(as_json, data, content.rstrip("\n"))
+        return
+    if path.exists() and path.read_text(encoding="utf-8") != content and not force:
+        raise click.ClickException(f"{path} exists with different content; pass --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(content, encoding="utf-8")
+    tmp.chmod(0o644)
+    tmp.replace(path)
+    data["written"] = True
+    emit(as_json, data, [f"wrote {path}", "enable it with:", *(f"  {c}" for c in commands)])
+
+
+def _systemd_quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{escaped}"'
+
+
+def systemd_unit(settings: Settings) -> str:
+    """A systemd user unit running the daemon in the foreground."""
+    return "\n".join(
+        [
+            "[Unit]",
+            "Description=keymem long-term memory daemon (keymemd)",
+            "",
+            "[Service]",
+            "Type=simple",
+            f"ExecStart={_systemd_quote(sys.executable)} -m keymem_daemon run",
+            f"Environment={_systemd_quote(f'KEYMEM_DATA_DIR={settings.data_dir}')}",
+            "Restart=on-failure",
+            "RestartSec=2",
+            "TimeoutStopSec=45",
+            "",
+            "[Install]",
+            "WantedBy=default.target",
+            "",
+        ]
+    )
+
+
+def launchd_plist(settings: Settings) -> str:
+    """A launchd agent running the daemon in the foreground (launchd jobs must not fork)."""
+    log = str(settings.log_dir / "launchd.log")
+    plist = {
+        "Label": LAUNCHD_LABEL,
+        "ProgramArguments": [sys.executable, "-m", "keymem_daemon", "run"],
+        "EnvironmentVariables": {"KEYMEM_DATA_DIR": str(settings.data_dir)},
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "ProcessType": "Background",
+        "StandardOutPath": log,
+        "StandardErrorPath": log,
+    }
+    return plistlib.dumps(plist).decode("utf-8")
+
+
+@cli.command()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file (default: stdout).",
+)
+@click.option("--include-vectors", is_flag=True, help="Also export the vectors (larger; skips re-embedding).")
+@json_option
+@pass_state
+def export(state: CliState, output: Path | None, include_vectors: bool, as_json: bool) -> None:
+    """Export the whole store as lossless JSON (the input of `keymemd import`).
+
+    Example:
+
+    \b
+        keymemd export -o keymem-backup.json
+    """
+    info = _ready_daemon(state.settings())
+    with _client(info, TRANSFER_TIMEOUT) as client:
+        response = client.post("/v1/export", json={"include_vectors": include_vectors})
+    if response.status_code != 200:
+        raise _daemon_error(response)
+    if output is None:
+        click.echo(response.text)
+        return
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(response.content)
+        tmp.replace(output)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
+    counts = {k: len(v) for k, v in response.json().items() if isinstance(v, list)}
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items())
+    emit(
+        as_json,
+        {"path": str(output), "bytes": len(response.content), "counts": counts},
+        f"exported {summary or 'the store'} to {output}",
+    )
+
+
+@cli.command(name="import")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@json_option
+@pass_state
+def import_cmd(state: CliState, file: Path, as_json: bool) -> None:
+    """Import a keymem export (or an upstream keymem graph.json) into the store.
+
+    Progress goes to stderr; a file that does not validate changes nothing and exits 1.
+
+    Example:
+
+    \b
+        keymemd import keymem-backup.json
+    """
+    try:
+        raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {file}: {exc.strerror or exc}") from None
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        raise click.ClickException(f"{file} is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise click.ClickException(f"{file} holds a JSON {type(parsed).__name__}; expected an export object")
+    del parsed
+    info = _ready_daemon(state.settings())
+    result: dict[str, Any] | None = None
+    tty = sys.stderr.isatty()
+    last_phase = None
+    with (
+        _client(info, TRANSFER_TIMEOUT) as client,
+        client.stream("POST", "/v1/import", content=raw, headers={"Content-Type": "application/json"}) as response,
+    ):
+        if response.status_code != 200:
+            response.read()
+            raise _daemon_error(response)
+        for line in response.iter_lines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind = event.get("event")
+            if kind == "progress":
+                phase, done, total = event.get("phase"), event.get("done"), event.get("total")
+                if tty:
+                    click.echo(f"\r{phase}: {done}/{total}   ", nl=False, err=True)
+                elif phase != last_phase or done == total:
+                    note(f"{phase}: {done}/{total}")
+                last_phase = phase
+            elif kind == "error":
+                if tty:
+                    note("")
+                error = event.get("error") or {}
+                raise click.ClickException(f"import failed: {error.get('message', event)}")
+            elif kind == "done":
+                result = event.get("result") or {}
+    if tty and last_phase is not None:
+        note("")
+    if result is None:
+        raise click.ClickException("the daemon ended the import without a result; see keymemd logs")
+    summary = _summarize(result)
+    emit(as_json, {"imported": True, "result": result}, summary or "imported")
+
+
+def _summarize(result: Mapping[str, Any]) -> str:
+    """``{"imported": {"memories": 3}, "skipped": {...}}`` -> ``imported: 3 memories; ...``."""
+    parts = []
+    for name, value in result.items():
+        if isinstance(value, Mapping):
+            counts = ", ".join(f"{n} {k}" for k, n in value.items() if isinstance(n, int))
+            parts.append(f"{name}: {counts or 'nothing'}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{value} {name}")
+    return "; ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``keymemd`` console script."""
+    cli.main(args=argv, prog_name="keymemd", obj=CliState(environ=os.environ))

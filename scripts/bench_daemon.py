@@ -1,0 +1,326 @@
+"""Benchmark the daemon process the way hosts use it: a real ``keymemd`` over HTTP.
+
+Measures
+- cold start to ready (``python -m keymem_daemon run`` until ``/health`` says ready),
+- resident memory at idle (empty store) and at 10k memories,
+- HTTP round-trip p50/p95 of ``remember`` and ``recall`` at 10k memories (one client),
+- requests per second with 4 concurrent clients (recall, and remember),
+against the targets: ready <= 3 s, RSS <= 400 MB at 10k, remember/recall p95 <= 30 ms.
+
+    python scripts/bench_daemon.py            # the full run (10k memories)
+    python scripts/bench_daemon.py --memories 2000 --json
+
+Runs on a temporary data directory with the reranker off and no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from keymem_daemon import runtime
+
+TARGET_READY_S: Final = 3.0
+TARGET_RSS_MB: Final = 400.0
+TARGET_P95_MS: Final = 30.0
+READY_TIMEOUT: Final = 60.0
+BATCH: Final = 100
+LOAD_CLIENTS: Final = 4
+
+TOPICS: Final = [
+    ("deploy", "배포"),
+    ("database", "데이터베이스"),
+    ("editor", "에디터"),
+    ("coffee", "커피"),
+    ("travel", "여행"),
+    ("python", "파이썬"),
+    ("schedule", "일정"),
+    ("budget", "예산"),
+    ("testing", "테스트"),
+    ("security", "보안"),
+    ("music", "음악"),
+    ("running", "달리기"),
+    ("kubernetes", "쿠버네티스"),
+    ("review", "리뷰"),
+    ("meeting", "회의"),
+    ("release", "릴리스"),
+    ("cache", "캐시"),
+    ("logging", "로깅"),
+]
+PEOPLE: Final = ["Mina", "Joon", "Sora", "Alex", "Priya", "Dana", "Kenji", "Lea", "Omar", "Yuna"]
+VERBS: Final = [
+    "prefers",
+    "decided on",
+    "switched to",
+    "keeps forgetting",
+    "wants to try",
+    "asked about",
+    "recommended",
+    "is responsible for",
+    "scheduled",
+    "reviewed",
+]
+THINGS: Final = [
+    "the staging cluster",
+    "Postgres 16",
+    "a blue-green rollout",
+    "vim keybindings",
+    "the Friday sync",
+    "cold brew",
+    "the Jeju trip",
+    "pytest fixtures",
+    "the Q3 budget",
+    "rotating API keys",
+    "a lo-fi playlist",
+    "the 10k race",
+    "helm charts",
+    "the RFC draft",
+    "release 2.4",
+    "a Redis cache",
+    "structured logs",
+    "the on-call rota",
+]
+
+
+def memory(rng: random.Random, i: int) -> dict[str, Any]:
+    topic, korean = rng.choice(TOPICS)
+    person = rng.choice(PEOPLE)
+    content = f"{person} {rng.choice(VERBS)} {rng.choice(THINGS)} for {topic} (note {i})"
+    keys = [topic, korean, person, f"{topic}-{i % 50}"]
+    return {
+        "content": content,
+        "keys": keys,
+        "key_types": {person: "name"},
+        "namespace": f"project-{i % 5}",
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS (Linux only)")
+
+
+class Daemon:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data_dir = root / "data"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("KEYMEM_", "CLAUDE_", "CODEX_"))}
+        self.env.update(
+            {
+                "HOME": str(root),
+                "KEYMEM_DATA_DIR": str(self.data_dir),
+                "KEYMEM_RERANK": "false",
+                "KEYMEM_HF_ENDPOINT": "http://127.0.0.1:9",
+                "HF_HUB_OFFLINE": "1",
+                "KEYMEM_LOG_LEVEL": "warning",
+            }
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.info: runtime.DaemonInfo | None = None
+
+    def start(self) -> float:
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "keymem_daemon", "run", "--background"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.info = runtime.wait_until_ready(self.data_dir, timeout=READY_TIMEOUT, process=self.process)
+        return time.perf_counter() - started
+
+    def client(self) -> httpx.Client:
+        assert self.info is not None
+        return httpx.Client(base_url=self.info.url, headers=self.info.headers, timeout=120)
+
+    def stop(self) -> None:
+        if self.info is not None and self.process is not None:
+            runtime.stop_daemon(self.info, self.data_dir)
+            self.process.wait(timeout=60)
+
+
+def call(client: httpx.Client, tool: str, arguments: dict[str, Any]) -> Any:
+    response = client.post(f"/v1/tools/{tool}", json={"arguments": arguments})
+    response.raise_for_status()
+    body = response.json()
+    if body["is_error"]:
+        raise RuntimeError(f"{tool}: {body['result']}")
+    return body["result"]
+
+
+def timed(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def throughput(make: Callable[[int], Callable[[], Any]], clients: int, seconds: float) -> float:
+    counts = [0] * clients
+    stop = threading.Event()
+
+    def worker(index: int) -> None:
+        fn = make(index)
+        while not stop.is_set():
+            fn()
+            counts[index] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def run(memories: int, samples: int, seconds: float, starts: int) -> dict[str, Any]:
+    rng = random.Random(7)
+    out: dict[str, Any] = {"memories": memories}
+    with tempfile.TemporaryDirectory(prefix="keymem-bench-") as tmp:
+        cold = []
+        for i in range(starts):
+            d = Daemon(Path(tmp) / f"cold-{i}")
+            cold.append(d.start())
+            d.stop()
+        out["ready_s"] = {
+            "median": round(statistics.median(cold), 2),
+            "max": round(max(cold), 2),
+            "runs": [round(c, 2) for c in cold],
+        }
+
+        daemon = Daemon(Path(tmp) / "main")
+        daemon.start()
+        assert daemon.process is not None
+        with daemon.client() as client:
+            client.get("/v1/stats")
+            out["rss_idle_mb"] = round(rss_mb(daemon.process.pid), 1)
+
+            loaded = time.perf_counter()
+            for start in range(0, memories, BATCH):
+                items = [memory(rng, i) for i in range(start, min(memories, start + BATCH))]
+                result = call(client, "remember_batch", {"items": items})
+                if result["failed"]:
+                    raise RuntimeError(f"batch at {start}: {result}")
+            out["load_s"] = round(time.perf_counter() - loaded, 1)
+            out["stored"] = client.get("/v1/stats").json()["memories"]
+
+            counter = [memories]
+
+            def remember() -> None:
+                counter[0] += 1
+                call(client, "remember", memory(rng, counter[0]))
+
+            queries = [f"what does {p} think about {t}?" for p in PEOPLE for t, _ in TOPICS]
+
+            def recall() -> None:
+                call(client, "recall", {"query": rng.choice(queries)})
+
+            for _ in range(20):  # warm-up: first calls pay one-time costs (analyzers, caches)
+                recall()
+                remember()
+            rem = timed(remember, samples)
+            rec = timed(recall, samples)
+            out["remember_ms"] = {
+                "p50": round(percentile(rem, 0.5), 1),
+                "p95": round(percentile(rem, 0.95), 1),
+            }
+            out["recall_ms"] = {
+                "p50": round(percentile(rec, 0.5), 1),
+                "p95": round(percentile(rec, 0.95), 1),
+            }
+
+        def recall_worker(index: int) -> Callable[[], Any]:
+            local = daemon.client()
+            r = random.Random(index)
+            queries = [f"what does {p} think about {t}?" for p in PEOPLE for t, _ in TOPICS]
+            return lambda: call(local, "recall", {"query": r.choice(queries)})
+
+        def remember_worker(index: int) -> Callable[[], Any]:
+            local = daemon.client()
+            r = random.Random(100 + index)
+            seq = [10_000_000 * (index + 1)]
+
+            def fn() -> None:
+                seq[0] += 1
+                call(local, "remember", memory(r, seq[0]))
+
+            return fn
+
+        out["recall_rps_4_clients"] = round(throughput(recall_worker, LOAD_CLIENTS, seconds), 1)
+        out["remember_rps_4_clients"] = round(throughput(remember_worker, LOAD_CLIENTS, seconds), 1)
+        out["rss_10k_mb"] = round(rss_mb(daemon.process.pid), 1)
+        daemon.stop()
+    out["targets"] = {
+        "ready<=3s": out["ready_s"]["median"] <= TARGET_READY_S,
+        "rss<=400MB": out["rss_10k_mb"] <= TARGET_RSS_MB,
+        "remember_p95<=30ms": out["remember_ms"]["p95"] <= TARGET_P95_MS,
+        "recall_p95<=30ms": out["recall_ms"]["p95"] <= TARGET_P95_MS,
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--memories", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=200, help="timed calls per operation")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each throughput run")
+    parser.add_argument("--starts", type=int, default=3, help="cold starts to time")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    result = run(args.memories, args.samples, args.seconds, args.starts)
+    if args.json:
+        print(json.dumps(result))
+        return
+    r = result
+    ready, rem, rec = r["ready_s"], r["remember_ms"], r["recall_ms"]
+    rows = [
+        (
+            "cold start to ready",
+            f"{ready['median']:.2f} s median (max {ready['max']:.2f}, {ready['runs']})",
+        ),
+        ("RSS idle (empty store)", f"{r['rss_idle_mb']:.0f} MB"),
+        (
+            f"load {r['memories']} memories",
+            f"{r['load_s']:.1f} s via remember_batch ({r['stored']} stored)",
+        ),
+        (f"RSS at {r['memories']} memories", f"{r['rss_10k_mb']:.0f} MB"),
+        ("remember over HTTP", f"p50 {rem['p50']:.1f} ms, p95 {rem['p95']:.1f} ms"),
+        ("recall over HTTP", f"p50 {rec['p50']:.1f} ms, p95 {rec['p95']:.1f} ms"),
+        (
+            f"{LOAD_CLIENTS} concurrent clients",
+            f"recall {r['recall_rps_4_clients']:.1f} req/s, remember {r['remember_rps_4_clients']:.1f} req/s",
+        ),
+        ("targets", ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in r["targets"].items())),
+    ]
+    for label, value in rows:
+        print(f"{label:<28}{value}")
+
+
+if __name__ == "__main__":
+    main()
