@@ -52,6 +52,7 @@ from keymem_daemon.errors import (
     KeymemError,
     PayloadTooLarge,
     Unauthorized,
+    UnsupportedMediaType,
 )
 from keymem_daemon.service import InjectRequest, Service
 
@@ -68,16 +69,6 @@ STORE_THREADS: Final = 32
 """Worker threads for tool calls, inject, export (writes still go through one writer)."""
 QUICK_THREADS: Final = 8
 """Worker threads for quick reads that must answer during a burst of writes."""
-
-
-class UnsupportedMediaType(KeymemError):
-    """A request body that is not JSON (a browser form post, text/plain).
-
-    Lives here until ``errors.py`` grows it: only the HTTP edge raises it.
-    """
-
-    status = 415
-    code = "unsupported_media_type"
 
 
 # -- request and response bodies -----------------------------------------------------------
@@ -446,13 +437,37 @@ class HostHeaders:
 async def host_headers(
     x_keymem_host_agent: Annotated[str | None, Header(description="claude or codex")] = None,
     x_keymem_host_session: Annotated[str | None, Header(description="Host session UUID")] = None,
-    x_keymem_host_cwd: Annotated[str | None, Header(description="Host working directory")] = None,
+    x_keymem_host_cwd: Annotated[str | None, Header(description="Host working directory (UTF-8)")] = None,
 ) -> HostHeaders:
     """Who is calling (the daemon has no identity of its own: every request says)."""
-    return HostHeaders(x_keymem_host_agent, x_keymem_host_session, x_keymem_host_cwd)
+    return HostHeaders(x_keymem_host_agent, x_keymem_host_session, _utf8_header(x_keymem_host_cwd))
+
+
+def _utf8_header(value: str | None) -> str | None:
+    """Header values arrive decoded as latin-1; clients send UTF-8 bytes (a Korean path)."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 HostDep = Annotated[HostHeaders, Depends(host_headers)]
+
+
+async def hook_installed(
+    x_keymem_hook_installed: Annotated[
+        str | None, Header(description="true when the caller's host runs the keymem prompt hook")] = None,
+) -> bool | None:
+    """Whether the calling host has the prompt hook: the instructions adapt per caller,
+    because whichever client started the daemon must not decide it for everyone."""
+    if x_keymem_hook_installed is None:
+        return None
+    return x_keymem_hook_installed.strip().lower() in ("1", "true", "yes", "on")
+
+
+HookDep = Annotated[bool | None, Depends(hook_installed)]
 
 _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"model": ErrorOut, "description": description}
@@ -568,9 +583,10 @@ def create_app(
         return await workers.run(work)
 
     @app.get("/v1/instructions", response_model=InstructionsOut, tags=["mcp"])
-    async def get_instructions() -> Response:
+    async def get_instructions(hook: HookDep) -> Response:
         """The MCP server instructions, with live key/memory/link counts."""
-        return await workers.run(lambda: json_response({"instructions": service.instructions()}), quick=True)
+        return await workers.run(
+            lambda: json_response({"instructions": service.instructions(hook_installed=hook)}), quick=True)
 
     @app.get("/v1/prompts", response_model=PromptsOut, tags=["mcp"])
     async def list_prompts() -> Response:
@@ -578,9 +594,9 @@ def create_app(
         return await workers.run(lambda: json_response({"prompts": service.prompts()}), quick=True)
 
     @app.get("/v1/prompts/{name}", response_model=PromptOut, tags=["mcp"], responses=_NOT_FOUND)
-    async def get_prompt(name: str) -> Response:
+    async def get_prompt(name: str, hook: HookDep) -> Response:
         """One MCP prompt, rendered."""
-        return await workers.run(lambda: json_response(service.get_prompt(name)), quick=True)
+        return await workers.run(lambda: json_response(service.get_prompt(name, hook_installed=hook)), quick=True)
 
     @app.post("/v1/inject", response_model=InjectOut, tags=["push"])
     async def inject(body: InjectIn) -> Response:

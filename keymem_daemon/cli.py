@@ -121,6 +121,7 @@ def _client(info: runtime.DaemonInfo, timeout: float = REQUEST_TIMEOUT) -> httpx
         base_url=info.url,
         headers=info.headers,
         timeout=httpx.Timeout(timeout, connect=runtime.HEALTH_TIMEOUT * 5),
+        trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
     )
 
 

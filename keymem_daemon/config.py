@@ -188,6 +188,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "The shim and the hook start the daemon when none answers."),
     Variable("KEYMEM_START_TIMEOUT", "start_timeout", parse_duration, "20",
              "How long keymemd start (and the shim) wait for the daemon to listen."),
+    Variable("KEYMEM_HOST_CWD", "host_cwd", _text, "(the shim's working directory)",
+             "The user's project directory as the shim reports it; the plugin launcher sets it "
+             "(Codex starts plugin servers inside the plugin). Set but empty: report none."),
 )
 
 
@@ -240,6 +243,7 @@ class Settings:
     related_limit: int = 20
     autostart: bool = True
     start_timeout: float = 20.0
+    host_cwd: str | None = None
     # Host transcript roots (CLAUDE_CONFIG_DIR / CODEX_HOME); not KEYMEM_ variables.
     claude_dir: Path = field(default_factory=lambda: Path("~/.claude").expanduser())
     codex_dir: Path = field(default_factory=lambda: Path("~/.codex").expanduser())
@@ -252,6 +256,9 @@ class Settings:
             raw = environ.get(var.env)
             if raw is not None and raw.strip() != "":
                 values[var.field] = var.parse(var.env, raw)
+        if environ.get("KEYMEM_HOST_CWD") is not None:
+            # Unlike other variables, an empty value means something: report no directory.
+            values["host_cwd"] = environ["KEYMEM_HOST_CWD"].strip()
         if not values.get("hf_endpoint") and environ.get("HF_ENDPOINT"):
             values["hf_endpoint"] = environ["HF_ENDPOINT"].strip()
         home = Path(environ.get("HOME") or Path.home())

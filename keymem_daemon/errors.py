@@ -9,6 +9,7 @@
     ├── Unauthorized            401 unauthorized   missing or wrong bearer token
     ├── ForbiddenOrigin         403 forbidden      foreign Host header or any Origin header
     ├── PayloadTooLarge         413 too_large      request body over KEYMEM_MAX_BODY_BYTES
+    ├── UnsupportedMediaType    415 unsupported_media_type  a request body that is not JSON
     ├── NotReady                503 not_ready      models or store still loading
     ├── StoreError              500 store_error    the database refused (corrupt, newer schema)
     ├── ModelError              503 model_error    a model could not be loaded or fetched
@@ -89,6 +90,13 @@ class PayloadTooLarge(KeymemError):
 
     status = 413
     code = "too_large"
+
+
+class UnsupportedMediaType(KeymemError):
+    """A request body that is not JSON (a browser form post, text/plain)."""
+
+    status = 415
+    code = "unsupported_media_type"
 
 
 class NotReady(KeymemError):

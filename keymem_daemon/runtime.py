@@ -353,7 +353,8 @@ def start_lock(data_dir: Path, timeout: float) -> Iterator[None]:
 def get_health(info: DaemonInfo, *, timeout: float = HEALTH_TIMEOUT) -> dict[str, Any] | None:
     """``GET /health`` of the daemon ``info`` names; None if it does not answer as keymem."""
     try:
-        response = httpx.get(f"{info.url}/health", timeout=timeout)
+        # trust_env=False: a proxy from the environment must never carry loopback traffic.
+        response = httpx.get(f"{info.url}/health", timeout=timeout, trust_env=False)
         body = response.json()
     except (httpx.HTTPError, ValueError):
         return None
@@ -403,7 +404,7 @@ def wait_until_ready(
 def request_shutdown(info: DaemonInfo, *, timeout: float = SHUTDOWN_REQUEST_TIMEOUT) -> bool:
     """``POST /v1/shutdown``; True if the daemon accepted it."""
     try:
-        response = httpx.post(f"{info.url}/v1/shutdown", headers=info.headers, timeout=timeout)
+        response = httpx.post(f"{info.url}/v1/shutdown", headers=info.headers, timeout=timeout, trust_env=False)
     except httpx.HTTPError:
         return False
     return response.status_code == 200

@@ -152,17 +152,20 @@ class Service:
             return "still loading"
         return self.graph.stats().summary()
 
-    def instructions(self) -> str:
-        return instructions.instructions(self.stats_line(), hook_installed=self.settings.hook_installed)
+    def instructions(self, *, hook_installed: bool | None = None) -> str:
+        """``hook_installed``: what the calling host says (None: the daemon's setting)."""
+        hooked = self.settings.hook_installed if hook_installed is None else hook_installed
+        return instructions.instructions(self.stats_line(), hook_installed=hooked)
 
     def prompts(self) -> list[dict[str, Any]]:
         return [{"name": instructions.PROMPT_NAME, "description": instructions.PROMPT_DESCRIPTION,
                  "arguments": []}]
 
-    def get_prompt(self, name: str) -> dict[str, Any]:
+    def get_prompt(self, name: str, *, hook_installed: bool | None = None) -> dict[str, Any]:
         if name != instructions.PROMPT_NAME:
             raise NotFound(f"Unknown prompt: {name}")
-        text = instructions.prompt_text(self.stats_line(), hook_installed=self.settings.hook_installed)
+        hooked = self.settings.hook_installed if hook_installed is None else hook_installed
+        text = instructions.prompt_text(self.stats_line(), hook_installed=hooked)
         return {"description": instructions.PROMPT_DESCRIPTION,
                 "messages": [{"role": "user", "content": {"type": "text", "text": text}}]}
 

@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     for name in ("keymem_shim", "keymem_daemon"):
         logging.getLogger(name).setLevel(settings.log_level.upper())
-    identity = HostIdentity.from_env(os.environ, cwd=current_directory(), hook_installed=settings.hook_installed)
+    cwd = current_directory() if settings.host_cwd is None else (settings.host_cwd or None)
+    identity = HostIdentity.from_env(os.environ, cwd=cwd, hook_installed=settings.hook_installed)
     launcher = Launcher(settings)
     bootstrap = Bootstrap(launcher, identity, deadline=started + STARTUP_WAIT)
     bootstrap.start()

@@ -76,6 +76,7 @@ TEMPORAL_BOOST: Final = 2.0
 SOFT_KEY_MATCH: Final = 0.7
 DENSE_WEIGHT: Final = 0.6
 COMMON_SHARE: Final = 0.2
+MIN_CORPUS: Final = 100
 # Memories of one episode (observed within EPISODE_GAP of each other) share in the
 # evidence of the EPISODE_SEEDS best candidates, with this share of their score.
 EPISODE_SEEDS: Final = 5
@@ -225,6 +226,10 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     terms = query_terms(words, whole=text)
     tokens = index_tokens_of(words)
     df, total = graph.token_stats(tokens)
+    # A young store would make every word it holds look common and every word it lacks look
+    # precious (one memory: its own words weigh less than absent ones); count at least
+    # MIN_CORPUS memories so its first facts can still be found.
+    total = max(total, MIN_CORPUS)
     weights = {t: math.log(1.0 + (total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in dict.fromkeys(tokens)}
     content = [w for w in words if not w.stop]
     # Words most memories share (a speaker's name, "project") say little about which

@@ -279,11 +279,6 @@ async def test_a_shim_without_a_known_host_sends_no_session(daemon: DaemonProces
     assert "host_agent" not in source and "host_session" not in source
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="keymem_daemon.runtime.get_health uses httpx's proxy settings for 127.0.0.1; "
-    "needs trust_env=False there (the shim's own client already has it)",
-)
 async def test_a_proxy_in_the_environment_does_not_capture_loopback_traffic(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:

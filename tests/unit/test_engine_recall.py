@@ -658,3 +658,12 @@ def test_a_key_surfaces_through_its_content_when_its_concept_is_far_from_the_que
     # One memory's keys cannot flood the list through the same content hit.
     concepts = [k.concept for k in found.keys]
     assert concepts.count("pet") + concepts.count("animal") == 1
+
+
+def test_the_first_memory_of_a_new_store_surfaces_for_a_related_prompt(graph: MemoryGraph) -> None:  # noqa: F811
+    # With one memory, every word it holds is "in all memories"; IDF must not make the
+    # words it lacks outweigh the ones it has (regression: nothing surfaced until 4 memories).
+    remember(graph, "The billing service deploys every Tuesday after the 2pm standup.",
+             ["billing", "deployment", "Tuesday"])
+    result = retrieval.inject(graph, "When do we deploy the billing service?", scope=None)
+    assert result.context is not None and "billing service deploys" in result.context
