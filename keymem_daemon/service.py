@@ -83,14 +83,17 @@ class Service:
             self.embedder_note = note
             if note:
                 logger.warning("%s", note)
-            self.reranker = RerankerManager(self.settings, progress=self.progress, clock=self.clock)
+            self.reranker = RerankerManager(self.settings, progress=self.progress)
+            # auto/true: use the cached model, or fetch it in the background (never blocking).
+            self.reranker.start()
             graph = MemoryGraph.open(
                 self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
                 reranker=self.reranker if self.settings.rerank != "false" else None,
                 progress=lambda kind, done, total: logger.info("re-embedding %s: %d/%d", kind, done, total))
             if graph.has_hangul_content():
                 default_analyzer().preload_kiwi()
-            graph.cleanup_expired()
+            # One query end to end, so the first real request does not pay for cold caches.
+            retrieval.hybrid_recall(graph, "warm up", reinforce=False)
             self.graph = graph
             self.state = "ready"
             logger.info("ready in %.2f s (embedder %s)", time.perf_counter() - started, embedder.fingerprint)
@@ -100,6 +103,8 @@ class Service:
             logger.exception("loading failed")
 
     def close(self) -> None:
+        if self.reranker is not None:
+            self.reranker.close()
         graph, self.graph = self.graph, None
         if graph is not None:
             graph.close()
@@ -216,7 +221,7 @@ class Service:
         if self.reranker is not None:
             out["reranker"] = self.reranker.status()
         if self.progress is not None:
-            out["downloads"] = self.progress.snapshot()
+            out["downloads"] = self.progress.as_dict()
         return out
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
