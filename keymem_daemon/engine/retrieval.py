@@ -83,6 +83,11 @@ EPISODE_SEEDS: Final = 5
 EPISODE_BONUS: Final = 0.2
 EPISODE_GAP: Final = 1800.0
 CANDIDATE_DEPTH: Final = 50
+# Association feedback: a candidate sharing specific keys with one of the PRF_SEEDS best
+# gains PRF_WEIGHT x that seed's score x the share of the seed's key weight it shares
+# (LoCoMo R@5 0.656 -> 0.669; the Korean/English set unchanged).
+PRF_WEIGHT: Final = 0.4
+PRF_SEEDS: Final = 3
 # Body cosine at which the dense channel alone admits a memory as a candidate; below it a
 # memory must come through another channel (or a hop), so hops still mean something.
 DENSE_ADMIT: Final = 0.3
@@ -791,8 +796,8 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     the memories observed then. Each is scored on the evidence it holds: how much of the
     query it covers (lexically or through its keys) plus its body cosine; a date match
     multiplies, depth and freshness modulate, and memories of the same episode as the best
-    ones share a little of their score. Hops along narrow keys and explicit links add
-    associated memories."""
+    ones, or sharing their specific keys, share a little of their score. Hops along narrow
+    keys and explicit links add associated memories."""
     now = graph.clock()
     plan = plan or plan_query(graph, query)
     cue = plan if not context or context == query else plan_query(graph, context[:4000])
@@ -864,9 +869,26 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             for m in live:
                 if m.id != seed.id and same_episode(m, seed):
                     bonus[m.id] = max(bonus.get(m.id, 0.0), share)
+        link_map = links_of(conn, cands)
+        if PRF_WEIGHT > 0:
+            sizes = graph.key_counts({k for keys in link_map.values() for k in keys}, scope, now).counts
+            total = max(1, len(graph.bodies))
+
+            def weight(kid: str) -> float:
+                return math.log(1.0 + total / max(1, sizes.get(kid, 1)))
+
+            for seed in seeds[:PRF_SEEDS]:
+                seed_keys = link_map.get(seed.id, {})
+                mass = sum(weight(k) for k in seed_keys) or 1.0
+                for m in live:
+                    if m.id == seed.id:
+                        continue
+                    shared = sum(weight(k) for k in link_map.get(m.id, {}) if k in seed_keys)
+                    if shared:
+                        extra = PRF_WEIGHT * cands[seed.id].score * shared / mass
+                        bonus[m.id] = max(bonus.get(m.id, 0.0), extra)
         for mid, extra in bonus.items():
             cands[mid].score += extra
-        link_map = links_of(conn, cands)
         if hops >= 2 and cands:
             _expand(graph, conn, cands, found, link_map, scope, now, hops)
         return cands, found, link_map
