@@ -101,22 +101,18 @@ class Args:
         return value
 
     def integer(self, name: str, default: int, low: int, high: int) -> int:
-        value = self._raw.get(name)
-        if value is None:
-            return default
-        if isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise InvalidInput(f"{name} must be a number", field=name) from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-            raise InvalidInput(f"{name} must be a number", field=name)
-        return int(min(high, max(low, int(value))))
+        value = self._numeric(name)
+        return default if value is None else int(min(high, max(low, int(value))))
 
     def number(self, name: str, default: float, low: float, high: float) -> float:
+        value = self._numeric(name)
+        return default if value is None else float(min(high, max(low, value)))
+
+    def _numeric(self, name: str) -> float | None:
+        """A number, or a string holding one (clients send both); None when absent."""
         value = self._raw.get(name)
         if value is None:
-            return default
+            return None
         if isinstance(value, str):
             try:
                 value = float(value.strip())
@@ -124,7 +120,7 @@ class Args:
                 raise InvalidInput(f"{name} must be a number", field=name) from None
         if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
             raise InvalidInput(f"{name} must be a number", field=name)
-        return float(min(high, max(low, float(value))))
+        return float(value)
 
     def boolean(self, name: str, default: bool = False) -> bool:
         value = self._raw.get(name)

@@ -11,6 +11,7 @@ thread never waits for a model. Retrieval (recall, hybrid recall, the push path)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -279,7 +280,7 @@ class MemoryGraph:
         self.lives = HalfLives(settings.decay_transient_days, settings.decay_standard_days,
                                settings.decay_stable_days)
         self.keys = KeyIndex(embedder.dim)
-        self.bodies = VectorTable(embedder.dim)
+        self.bodies = VectorTable(embedder.dim, quantized=True)
         self.counts = ActiveCounts()
         self._namespace_codes: dict[str, int] = {}
         self.buffer = RecallBuffer(clock)
@@ -329,7 +330,7 @@ class MemoryGraph:
     def reload_indexes(self) -> None:
         """Rebuild the in-memory key index and body vectors from the store (after an import)."""
         self.keys = KeyIndex(self.embedder.dim)
-        self.bodies = VectorTable(self.embedder.dim)
+        self.bodies = VectorTable(self.embedder.dim, quantized=True)
         self.counts = ActiveCounts()
         self._load_indexes()
 
@@ -354,6 +355,8 @@ class MemoryGraph:
             return keys, aliases, counts, bodies
 
         keys, aliases, counts, bodies = self.store.read(load)
+        self.keys.vectors.reserve(len(keys))
+        self.bodies.reserve(len(bodies))
         by_key: dict[str, list[tuple[str, str]]] = {}
         for row in aliases:
             by_key.setdefault(row["key_id"], []).append((row["alias"], row["compact"]))
@@ -452,6 +455,14 @@ class MemoryGraph:
             old, new = before.get(mid), self._member_state(tx.conn, mid)
             if old != new:
                 tx.after_commit(functools.partial(self.counts.apply, mid, old, new))
+
+    def count_active(self, conn: sqlite3.Connection, namespace: str | None, now: float) -> int:
+        """Active memories in a namespace (None: in all of them)."""
+        sql, params = f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE}", [now]
+        if namespace is not None:
+            sql += " AND m.namespace = ?"
+            params.append(namespace)  # type: ignore[arg-type]
+        return int(conn.execute(sql, params).fetchone()[0])
 
     def key_view(self, info: KeyInfo, count: int, learned: Sequence[str] = ()) -> KeyView:
         return KeyView(
@@ -1224,11 +1235,9 @@ class MemoryGraph:
             if info is None:
                 continue
             view = self.key_view(info, counts.get(info.id), self.learned_aliases(conn, info.id))
-            keys.append(LinkedKey(
-                key_id=view.key_id, concept=view.concept, aliases=view.aliases,
-                learned_aliases=view.learned_aliases, key_type=view.key_type, memory_count=view.memory_count,
-                is_hub=view.is_hub, specificity=view.specificity, link_weight=round(row[1], 3),
-                traversed_from=row[0] == via, auto=True if row[2] else None))
+            keys.append(LinkedKey(**{f.name: getattr(view, f.name) for f in dataclasses.fields(view)},
+                                  link_weight=round(row[1], 3), traversed_from=row[0] == via,
+                                  auto=True if row[2] else None))
         return ReadMemoryResult(memory=self.memory_view(conn, memory), keys=keys, via_key_id=via)
 
     def memory_view(self, conn: sqlite3.Connection, memory: Memory) -> MemoryView:
@@ -1290,23 +1299,11 @@ class MemoryGraph:
         now = self.clock()
 
         def read(conn: sqlite3.Connection) -> BrowseResult:
-            sql = (f"SELECT l.key_id, COUNT(*) AS n FROM links l JOIN memories m ON m.id = l.memory_id "
-                   f"WHERE {ACTIVE}")
-            params: list[Any] = [now]
-            if ns is not None:
-                sql += " AND m.namespace = ?"
-                params.append(ns)
-            rows = conn.execute(sql + " GROUP BY l.key_id", params).fetchall()
-            active = f"SELECT COUNT(DISTINCT m.id) FROM memories m WHERE {ACTIVE}"
-            mparams: list[Any] = [now]
-            if ns is not None:
-                active += " AND m.namespace = ?"
-                mparams.append(ns)
-            memory_count = conn.execute(active, mparams).fetchone()[0]
+            memory_count = self.count_active(conn, ns, now)
             entries = []
-            for key_id, n in rows:
+            for key_id, n in self.key_counts((k.id for k in self.keys.all()), ns, now).counts.items():
                 info = self.keys.get(key_id)
-                if info is None or (hubs_only and n < self.settings.hub_min_links):
+                if info is None or n <= 0 or (hubs_only and n < self.settings.hub_min_links):
                     continue
                 entries.append((info, n))
             entries.sort(key=lambda e: (e[1] < self.settings.hub_min_links, -e[1], normalize(e[0].concept)))

@@ -241,15 +241,9 @@ class MemoryView:
 
 
 @dataclass(frozen=True, slots=True)
-class LinkedKey:
-    key_id: str
-    concept: str
-    aliases: list[str]
-    learned_aliases: list[str]
-    key_type: KeyType
-    memory_count: int
-    is_hub: bool
-    specificity: float
+class LinkedKey(KeyView):
+    """A key of a memory as ``read_memory`` shows it: the key, and the link to this memory."""
+
     link_weight: float
     traversed_from: bool
     auto: bool | None = omit()

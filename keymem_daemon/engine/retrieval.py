@@ -95,6 +95,9 @@ DENSE_ADMIT: Final = 0.3
 MIN_ANCHOR: Final = 0.35
 # FTS5 bm25() weights for (content_tokens, key_tokens).
 LEXICAL_WEIGHTS: Final = (1.0, 0.6)
+LEXICAL_OVERFETCH: Final = 4
+# Above this many members a key's memories are found through the query's own candidates.
+HUB_SCAN: Final = 500
 # Content-only admission of a key in recall(): a member whose relevance (coverage mixed
 # with body cosine) reaches this lets its key in although the key text is far from the query.
 CONTENT_GATE: Final = 0.5
@@ -216,6 +219,7 @@ class QueryPlan:
     text: str
     words: list[Word]
     tokens: list[str]
+    match_tokens: list[str]
     literal_forms: set[str]
     terms: list[str]
     term_vectors: npt.NDArray[np.float32]
@@ -250,8 +254,12 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
         for sub in w.subs:
             if sub in by_term:
                 token_vectors.setdefault(sub, by_term[sub])
+    # Candidates come from the query's rarer tokens: BM25 over a token most memories hold
+    # ranks thousands of rows and tells little; such tokens still count in coverage.
+    rare = [t for t in dict.fromkeys(tokens) if df.get(t, 0) <= COMMON_SHARE * total]
     return QueryPlan(
-        text=text, words=words, tokens=tokens, literal_forms=literal_candidates(words), terms=terms,
+        text=text, words=words, tokens=tokens, match_tokens=rare or tokens,
+        literal_forms=literal_candidates(words), terms=terms,
         term_vectors=vectors[2:], vector=vectors[0], focus_vector=vectors[1], token_vectors=token_vectors,
         weights=weights, window=find_window(text, graph.clock()),
     )
@@ -310,28 +318,45 @@ def matched_keys(graph: MemoryGraph, scores: KeyScores, limit: int) -> list[tupl
 
 
 def lexical(conn: sqlite3.Connection, tokens: Sequence[str], scope: Scope, now: float,
-            limit: int = CHANNEL_DEPTH, rowids: Sequence[int] | None = None) -> list[tuple[str, float]]:
+            limit: int = CHANNEL_DEPTH) -> list[tuple[str, float]]:
     """BM25 over content and key tokens: (memory id, score >= 0), best first."""
     match = fts_query(tokens)
     if match is None:
         return []
-    where, params = scope_clause(scope)
-    restrict = ""
-    if rowids is not None:
-        if not rowids:
-            return []
-        restrict = f" AND memory_fts.rowid IN ({','.join(str(int(r)) for r in rowids)})"
-    from keymem_daemon.engine.graph import ACTIVE
-
-    sql = (f"SELECT m.id, bm25(memory_fts, {LEXICAL_WEIGHTS[0]}, {LEXICAL_WEIGHTS[1]}) AS s "
-           f"FROM memory_fts JOIN memories m ON m.rowid = memory_fts.rowid "
-           f"WHERE memory_fts MATCH ?{restrict} AND {ACTIVE}{where} ORDER BY s LIMIT ?")
+    bm25 = f"bm25(memory_fts, {LEXICAL_WEIGHTS[0]}, {LEXICAL_WEIGHTS[1]})"
+    fetch = LEXICAL_OVERFETCH * limit
     try:
-        rows = conn.execute(sql, [match, now, *params, limit]).fetchall()
+        # The index alone first: joining every match to ``memories`` before the LIMIT costs
+        # about three times as much on a large store.
+        ranked = conn.execute(f"SELECT rowid, {bm25} AS s FROM memory_fts WHERE memory_fts MATCH ? "
+                              f"ORDER BY s LIMIT ?", (match, fetch)).fetchall()
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        rows = {r[0]: r for r in conn.execute(
+            f"SELECT rowid, id, namespace, expires_at, superseded_by FROM memories WHERE rowid IN ({marks})",
+            [r[0] for r in ranked])}
+        out = []
+        for rowid, score in ranked:
+            row = rows.get(rowid)
+            if row is None or row[4] is not None or (row[3] is not None and now > row[3]) \
+                    or (scope is not None and row[2] not in scope):
+                continue
+            out.append((row[1], -float(score)))
+        if len(out) >= limit or len(ranked) < fetch:
+            return out[:limit]
+        # Most matches lie outside the scope (a small namespace): let SQLite filter them.
+        from keymem_daemon.engine.graph import ACTIVE
+
+        where, params = scope_clause(scope)
+        rows_scoped = conn.execute(
+            f"SELECT m.id, {bm25} AS s FROM memory_fts JOIN memories m ON m.rowid = memory_fts.rowid "
+            f"WHERE memory_fts MATCH ? AND {ACTIVE}{where} ORDER BY s LIMIT ?",
+            [match, now, *params, limit]).fetchall()
     except sqlite3.OperationalError as exc:
         logger.warning("lexical search skipped: %s", exc)
         return []
-    return [(r[0], -float(r[1])) for r in rows]
+    return [(r[0], -float(r[1])) for r in rows_scoped]
 
 
 def dense(graph: MemoryGraph, vector: npt.NDArray[np.float32], scope: Scope,
@@ -407,25 +432,47 @@ def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPl
 
 
 def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespace: str | None,
-                     *, pool: int | None, plan: QueryPlan | None = None) -> tuple[list[Member], int]:
+                     *, pool: int | None, plan: QueryPlan | None = None,
+                     near: Sequence[str] | None = None) -> tuple[list[Member], int]:
     """A key's active memories ranked by relevance x link weight x depth x freshness, and
-    how many it has. With ``pool``, only the best ``pool`` by a cheap signal are ranked."""
+    how many it has. With ``pool``, only the best ``pool`` by a cheap signal are ranked;
+    ``near`` (the query's lexical candidates, when the caller has them) spares a search."""
     from keymem_daemon.engine.graph import get_memories
 
     now = graph.clock()
     if query is not None and plan is None:
         plan = plan_query(graph, query)
 
+    scope = scope_of(namespace)
+    total = graph.key_counts([key_id], scope, now).get(key_id)
+
     def read(conn: sqlite3.Connection) -> tuple[list[Member], int]:
-        members = key_members(conn, [key_id], scope_of(namespace), now, per_key=1_000_000)[key_id]
-        weights = dict(members)
-        ids = [m for m, _ in members]
-        if plan is not None and pool is not None and len(ids) > pool:
-            # A hub: rank its members on a cheap signal (body cosine x link weight), then
-            # score only the best ``pool`` properly.
-            ids = _prefilter(graph, plan, ids, weights, pool)
+        if plan is not None and pool is not None and total > HUB_SCAN:
+            # A very large hub: its best members for this query are among the query's own
+            # lexical candidates (or its strongest links); a scan of all its links would
+            # cost tens of milliseconds.
+            close = list(near) if near is not None else [
+                m for m, _ in lexical(conn, plan.match_tokens, scope, now, limit=2 * CHANNEL_DEPTH)]
+            marks = ",".join("?" * len(close))
+            rows = conn.execute(f"SELECT memory_id, weight FROM links WHERE key_id = ? AND memory_id IN ({marks})",
+                                [key_id, *close]).fetchall() if close else []
+            rows += conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ? ORDER BY weight DESC "
+                                 "LIMIT ?", (key_id, pool)).fetchall()
+            weights = {r[0]: float(r[1]) for r in rows}
+            ids = _prefilter(graph, plan, list(weights), weights, 2 * pool, scope)
+        elif plan is not None and pool is not None and total > pool:
+            # A hub: rank its members on a cheap signal (body cosine x link weight) straight
+            # from the link index and the body table, then score only the best ones properly.
+            links = conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ?", (key_id,)).fetchall()
+            weights = {r[0]: float(r[1]) for r in links}
+            ids = _prefilter(graph, plan, list(weights), weights, 2 * pool, scope)
+        else:
+            members = key_members(conn, [key_id], scope, now, per_key=1_000_000)[key_id]
+            weights = dict(members)
+            ids = list(weights)
         found = get_memories(conn, ids)
-        memories = [found[m] for m in ids if m in found]
+        memories = [found[m] for m in ids if m in found and found[m].active(now)
+                    and (scope is None or found[m].namespace in scope)][: pool or None]
         relevance: dict[str, float] = {}
         if plan is not None:
             relevance = member_relevance(graph, conn, plan, memories)
@@ -438,26 +485,29 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
                 score *= TEMPORAL_BOOST
             ranked.append(Member(m, weights[m.id], rel, score))
         ranked.sort(key=lambda x: (-x.score, -x.memory.created_at))
-        return ranked, len(members)
+        return ranked, total
 
     return graph.store.read(read)
 
 
 def _prefilter(graph: MemoryGraph, plan: QueryPlan, ids: Sequence[str], weights: Mapping[str, float],
-               pool: int) -> list[str]:
+               pool: int, scope: Scope) -> list[str]:
+    """The ``pool`` ids with the best body cosine x link weight; superseded memories and
+    other namespaces (known from the body table) are left out before any SQL."""
     snap = graph.bodies.snapshot()
-    cos = np.zeros(len(ids), dtype=np.float32)
-    known: list[int] = []
+    codes = None if scope is None else {graph.namespace_code(ns) for ns in scope}
+    known: list[str] = []
     rows: list[int] = []
-    for i, memory_id in enumerate(ids):
+    for memory_id in ids:
         row = graph.bodies.row_of(memory_id)
-        if row is not None and row < len(snap.ids):
-            known.append(i)
+        if row is not None and row < len(snap.ids) and snap.alive[row] \
+                and (codes is None or int(snap.groups[row]) in codes):
+            known.append(memory_id)
             rows.append(row)
-    if known:
-        cos[known] = snap.matrix[rows] @ plan.focus_vector
-    scored = cos * np.array([weights[m] for m in ids], dtype=np.float32)
-    return [ids[i] for i in top_indices(scored, pool)]
+    if not known:
+        return []
+    scored = snap.dot_rows(rows, plan.focus_vector) * np.array([weights[m] for m in known], dtype=np.float32)
+    return [known[i] for i in top_indices(scored, pool)]
 
 
 # -- recall: key clusters and the passive Top-1 -----------------------------------------
@@ -489,7 +539,7 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     cue = plan if cue_text == query else plan_query(graph, cue_text[:4000])
     now = graph.clock()
     scores = score_keys(graph, plan)
-    candidates, weak = _key_candidates(graph, plan, cue, scores, ns, now)
+    candidates, weak, near = _key_candidates(graph, plan, cue, scores, ns, now)
     graph.buffer.push(query, weak)
     _count_alias_hits(graph, plan, scores)
 
@@ -519,22 +569,13 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
                 memory_count=n, is_hub=view.is_hub, specificity=view.specificity))
             if len(out) >= top_k:
                 break
-        total = 0
-        if explain or not out:
-            from keymem_daemon.engine.graph import ACTIVE
-
-            sql = f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE}"
-            params: list[Any] = [now]
-            if ns is not None:
-                sql += " AND m.namespace = ?"
-                params.append(ns)
-            total = conn.execute(sql, params).fetchone()[0]
+        total = graph.count_active(conn, ns, now) if explain or not out else 0
         return out, total
 
     keys, ns_total = graph.store.read(read)
     previews: list[Preview] = []
     if keys:
-        preview = _top_memory(graph, keys[0].key_id, cue, ns, max_chars, context, host)
+        preview = _top_memory(graph, keys[0].key_id, cue, ns, max_chars, context, host, near)
         if preview is not None:
             previews.append(preview)
     status = "found" if keys else ("no_match" if ns_total else "empty_namespace")
@@ -561,18 +602,19 @@ def _count_alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) ->
 
 
 def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: float
-                    ) -> dict[str, tuple[float, str]]:
+                    ) -> tuple[dict[str, tuple[float, str]], list[str]]:
     """Best content relevance of each key through its members: key -> (score, memory id).
 
     A key whose text is far from the query still surfaces when one of its memories answers
     it (relevance at or above CONTENT_GATE, the same measure the push path uses)."""
 
-    def read(conn: sqlite3.Connection) -> dict[str, tuple[float, str]]:
+    def read(conn: sqlite3.Connection) -> tuple[dict[str, tuple[float, str]], list[str]]:
         from keymem_daemon.engine.graph import get_memories
 
-        ids = {mid for mid, _ in lexical(conn, cue.tokens, scope_of(ns), now)}
-        ids |= {mid for mid, cos in dense(graph, cue.focus_vector, scope_of(ns)) if cos >= DENSE_ADMIT}
-        found = get_memories(conn, ids)
+        # Lexical candidates only: a scan of every body vector here cost a large store ~15 ms
+        # per recall and changed no result on the benchmarks (the key sims cover semantics).
+        near = [mid for mid, _ in lexical(conn, cue.match_tokens, scope_of(ns), now, limit=2 * CHANNEL_DEPTH)]
+        found = get_memories(conn, near[:CHANNEL_DEPTH])
         live = [m for m in found.values() if m.active(now)]
         cover = coverage_scores(graph, conn, cue, live)
         per_memory: dict[str, float] = {}
@@ -587,15 +629,17 @@ def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: flo
             for kid, (_, auto) in keys.items():
                 if not auto and per_memory[mid] > out.get(kid, (0.0, ""))[0]:
                     out[kid] = (per_memory[mid], mid)
-        return out
+        return out, near
 
     return graph.store.read(read)
 
 
 def _key_candidates(graph: MemoryGraph, plan: QueryPlan, cue: QueryPlan, scores: KeyScores, ns: str | None,
-                    now: float) -> tuple[list[KeyCandidate], dict[str, float]]:
+                    now: float) -> tuple[list[KeyCandidate], dict[str, float], list[str]]:
+    """Candidate keys best first, the weak matches autokey may learn from, and the query's
+    lexical memory candidates (reused for the Top-1 under a large hub)."""
     threshold = graph.profile.key_recall
-    content = _content_signal(graph, cue, ns, now)
+    content, near = _content_signal(graph, cue, ns, now)
     pool: dict[str, KeyCandidate] = {}
     weak: dict[str, float] = {}
     sims = {scores.ids[i]: float(scores.sims[i]) for i in top_indices(scores.sims, 200)} if scores.ids else {}
@@ -629,7 +673,7 @@ def _key_candidates(graph: MemoryGraph, plan: QueryPlan, cue: QueryPlan, scores:
     # text is closest to the query, then to the more specific key.
     ranked = sorted(pool.values(), key=lambda c: (-round(c.score, 3), not c.literal, -c.similarity,
                                                   -graph.idf(c.key_id)))
-    return ranked, weak
+    return ranked, weak, near
 
 
 def _literal_type(info: Any, plan: QueryPlan) -> str:
@@ -663,8 +707,9 @@ def nearest_keys(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores, ns: str
 
 
 def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None, max_chars: int,
-                context: object, host: Host | None) -> Preview | None:
-    ranked, _ = rank_key_members(graph, key_id, cue.text, ns, pool=graph.settings.rerank_pool, plan=cue)
+                context: object, host: Host | None, near: Sequence[str]) -> Preview | None:
+    ranked, _ = rank_key_members(graph, key_id, cue.text, ns, pool=graph.settings.rerank_pool, plan=cue,
+                                 near=near)
     if not ranked:
         return None
     best = ranked[0]
@@ -817,7 +862,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                 c = cands[mid] = Candidate(mid)
             return c
 
-        for mid, _ in lexical(conn, cue.tokens, scope, now, limit=CANDIDATE_DEPTH):
+        for mid, _ in lexical(conn, cue.match_tokens, scope, now, limit=CANDIDATE_DEPTH):
             cand(mid).tag("(bm25)")
         for mid, cos in dense(graph, cue.focus_vector, scope, limit=CANDIDATE_DEPTH):
             if cos >= DENSE_ADMIT:

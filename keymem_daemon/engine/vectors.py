@@ -1,15 +1,18 @@
 """In-memory vector tables, kept in step with the store.
 
 A ``VectorTable`` holds one contiguous matrix of L2-normalised rows with string ids. Rows
-are appended (the matrix doubles when full) and removed by tombstone, so a reader's
+are appended (the matrix grows when full) and removed by tombstone, so a reader's
 snapshot -- a view of the first ``count`` rows -- stays valid while the writer appends.
 Only the store's writer thread mutates a table, and only after its transaction committed.
+
+A table may store its rows as int8 (``quantized=True``: symmetric, one scale per row).
+Memory bodies use it: 100k bodies take 51 MB instead of 205 MB, scoring them is as fast
+(rows are widened to float32 a block at a time), and a cosine moves by well under 0.01.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -17,16 +20,21 @@ import numpy as np
 import numpy.typing as npt
 
 _INITIAL_ROWS: Final = 256
+# Headroom when a table is sized for a known number of rows (a load), before it grows.
+_HEADROOM: Final = 1.1
+# Rows widened from int8 to float32 per block when scoring a quantized table.
+_BLOCK: Final = 8192
 
 Matrix = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A consistent read view: ``matrix[i]`` is the vector of ``ids[i]`` if ``alive[i]``."""
+    """A consistent read view: row ``i`` is the vector of ``ids[i]`` if ``alive[i]``."""
 
     ids: list[str]
-    matrix: Matrix
+    matrix: npt.NDArray[np.float32] | npt.NDArray[np.int8]
+    scales: npt.NDArray[np.float32] | None
     alive: npt.NDArray[np.bool_]
     groups: npt.NDArray[np.int32]
 
@@ -34,17 +42,30 @@ class Snapshot:
         """Cosine of every query row with every row (dead rows read -1)."""
         if len(self.ids) == 0:
             return np.zeros((len(queries), 0), dtype=np.float32)
-        sims = queries @ self.matrix.T
+        if self.scales is None:
+            sims = queries @ self.matrix.T
+        else:
+            sims = np.empty((len(queries), len(self.ids)), dtype=np.float32)
+            for start in range(0, len(self.ids), _BLOCK):
+                block = self.matrix[start:start + _BLOCK].astype(np.float32)
+                sims[:, start:start + _BLOCK] = (queries @ block.T) * self.scales[start:start + _BLOCK]
         sims[:, ~self.alive] = -1.0
         return sims
 
+    def dot_rows(self, rows: list[int], vector: Matrix) -> Matrix:
+        """Cosine of ``vector`` with the given rows."""
+        values = self.matrix[rows].astype(np.float32) @ vector
+        return values if self.scales is None else values * self.scales[rows]
+
 
 class VectorTable:
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, *, quantized: bool = False) -> None:
         self.dim = dim
+        self.quantized = quantized
         self._ids: list[str] = []
         self._rows: dict[str, int] = {}
-        self._matrix: Matrix = np.zeros((_INITIAL_ROWS, dim), dtype=np.float32)
+        self._matrix = np.zeros((_INITIAL_ROWS, dim), dtype=np.int8 if quantized else np.float32)
+        self._scales = np.zeros(_INITIAL_ROWS, dtype=np.float32)
         self._alive = np.zeros(_INITIAL_ROWS, dtype=bool)
         # A small integer per row (the memory table keeps namespace codes here), so a
         # reader can mask rows without a round trip to SQLite.
@@ -60,23 +81,30 @@ class VectorTable:
     def row_of(self, item_id: str) -> int | None:
         return self._rows.get(item_id)
 
+    def reserve(self, rows: int) -> None:
+        """Size the matrix for ``rows`` rows (plus headroom) before a bulk load."""
+        with self._lock:
+            if rows > len(self._matrix):
+                self._resize(int(rows * _HEADROOM) + _INITIAL_ROWS)
+
     def upsert(self, item_id: str, vector: npt.NDArray[np.floating], group: int = 0) -> int:
         with self._lock:
             row = self._rows.get(item_id)
             if row is None:
                 row = len(self._ids)
                 if row >= len(self._matrix):
-                    self._grow()
+                    self._resize(len(self._matrix) * 2)
                 self._ids.append(item_id)
                 self._rows[item_id] = row
-            self._matrix[row] = vector
+            if self.quantized:
+                peak = float(np.abs(vector).max()) or 1.0
+                self._matrix[row] = np.round(np.asarray(vector) * (127.0 / peak))
+                self._scales[row] = peak / 127.0
+            else:
+                self._matrix[row] = vector
             self._groups[row] = group
             self._alive[row] = True
             return row
-
-    def bulk_load(self, items: Iterable[tuple[str, npt.NDArray[np.floating], int]]) -> None:
-        for item_id, vector, group in items:
-            self.upsert(item_id, vector, group)
 
     def remove(self, item_id: str) -> None:
         with self._lock:
@@ -86,20 +114,27 @@ class VectorTable:
 
     def get(self, item_id: str) -> Matrix | None:
         row = self._rows.get(item_id)
-        return None if row is None else self._matrix[row]
+        if row is None:
+            return None
+        if self.quantized:
+            return self._matrix[row].astype(np.float32) * self._scales[row]
+        return self._matrix[row]
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             n = len(self._ids)
-            return Snapshot(list(self._ids), self._matrix[:n], self._alive[:n], self._groups[:n])
+            return Snapshot(list(self._ids), self._matrix[:n], self._scales[:n] if self.quantized else None,
+                            self._alive[:n], self._groups[:n])
 
-    def _grow(self) -> None:
-        size = len(self._matrix) * 2
-        matrix = np.zeros((size, self.dim), dtype=np.float32)
-        matrix[: len(self._matrix)] = self._matrix
+    def _resize(self, size: int) -> None:
+        n = len(self._ids)
+        matrix = np.zeros((size, self.dim), dtype=self._matrix.dtype)
+        matrix[:n] = self._matrix[:n]
+        scales = np.zeros(size, dtype=np.float32)
+        scales[:n] = self._scales[:n]
         alive = np.zeros(size, dtype=bool)
-        alive[: len(self._alive)] = self._alive
+        alive[:n] = self._alive[:n]
         groups = np.zeros(size, dtype=np.int32)
-        groups[: len(self._groups)] = self._groups
+        groups[:n] = self._groups[:n]
         # Readers holding the old arrays keep a valid (if older) view.
-        self._matrix, self._alive, self._groups = matrix, alive, groups
+        self._matrix, self._scales, self._alive, self._groups = matrix, scales, alive, groups

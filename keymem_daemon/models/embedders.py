@@ -87,7 +87,7 @@ def single_threaded_blas() -> None:
     BLAS threads they are no faster, and on a loaded machine their spin-waiting adds tens to
     hundreds of milliseconds of tail latency (measured on 2 cores).
     """
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     threadpool_limits(limits=1, user_api="blas")
 
@@ -160,7 +160,7 @@ class CachedEmbedder:
     forward pass. Misses of one call are embedded together in one batch.
     """
 
-    def __init__(self, inner: Embedder, *, capacity: int = 20000) -> None:
+    def __init__(self, inner: Embedder, *, capacity: int = 5000) -> None:
         self.inner = inner
         self._capacity = capacity
         self._cache: OrderedDict[str, Vectors] = OrderedDict()
@@ -301,6 +301,25 @@ def load_tokenizer(model_dir: Path, *, max_tokens: int = MAX_TOKENS) -> Any:
     return tokenizer
 
 
+def open_transformer(model_dir: Path, *, threads: int, max_tokens: int = MAX_TOKENS
+                     ) -> tuple[Any, Any, set[str]]:
+    """The tokenizer, the ONNX session and its input names for a BERT-style model dir
+    (embedders and the reranker share this shape)."""
+    path = model_dir / MODEL_FILE
+    if not path.is_file():
+        raise ModelError(f"{model_dir} holds no {MODEL_FILE}")
+    tokenizer = load_tokenizer(model_dir, max_tokens=max_tokens)
+    session = onnx_session(path, threads=threads)
+    inputs = {i.name for i in session.get_inputs()}
+    unknown = inputs - {"input_ids", "attention_mask", "token_type_ids"}
+    if "input_ids" not in inputs or unknown:
+        raise ModelError(
+            f"{path}: unsupported inputs {sorted(inputs)} (expected input_ids, "
+            "attention_mask and optionally token_type_ids)"
+        )
+    return tokenizer, session, inputs
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -358,19 +377,7 @@ class OnnxEmbedder:
         self.profile = profile
         self.pooling: Pooling = pooling
         self.model_dir = model_dir
-        path = model_dir / MODEL_FILE
-        if not path.is_file():
-            raise ModelError(f"{model_dir} holds no {MODEL_FILE}")
-        self._tokenizer = load_tokenizer(model_dir)
-        self._session = onnx_session(path, threads=threads)
-        inputs = {i.name for i in self._session.get_inputs()}
-        unknown = inputs - {"input_ids", "attention_mask", "token_type_ids"}
-        if "input_ids" not in inputs or unknown:
-            raise ModelError(
-                f"{path}: unsupported inputs {sorted(inputs)} (expected input_ids, "
-                "attention_mask and optionally token_type_ids)"
-            )
-        self._inputs = inputs
+        self._tokenizer, self._session, self._inputs = open_transformer(model_dir, threads=threads)
         outputs = self._session.get_outputs()
         chosen = next((o for o in outputs if o.name == "last_hidden_state"), outputs[0])
         self._output: str = chosen.name
@@ -380,7 +387,7 @@ class OnnxEmbedder:
         try:
             probe = self.embed(["warm up"])
         except Exception as exc:  # a graph that loads but cannot run is as broken as a bad file
-            raise ModelError(f"{path} cannot run: {exc}") from exc
+            raise ModelError(f"{model_dir / MODEL_FILE} cannot run: {exc}") from exc
         self.dim = int(probe.shape[1])
 
     def embed(self, texts: Sequence[str]) -> Vectors:

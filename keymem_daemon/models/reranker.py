@@ -36,12 +36,7 @@ from keymem_daemon.models.download import (
     ensure_model,
     missing_files,
 )
-from keymem_daemon.models.embedders import (
-    MAX_TOKENS,
-    MODEL_FILE,
-    load_tokenizer,
-    onnx_session,
-)
+from keymem_daemon.models.embedders import MAX_TOKENS, MODEL_FILE, open_transformer
 
 if TYPE_CHECKING:
     from keymem_daemon.config import Settings
@@ -81,27 +76,16 @@ class OnnxReranker:
 
     def __init__(self, model_dir: Path, *, threads: int) -> None:
         self.model_dir = model_dir
-        path = model_dir / MODEL_FILE
-        if not path.is_file():
-            raise ModelError(f"{model_dir} holds no {MODEL_FILE}")
-        self._tokenizer = load_tokenizer(model_dir, max_tokens=MAX_TOKENS)
+        self._tokenizer, self._session, self._inputs = open_transformer(
+            model_dir, threads=threads, max_tokens=MAX_TOKENS)
         self._pad_id = _pad_id(self._tokenizer)
-        self._session = onnx_session(path, threads=threads)
-        inputs = {i.name for i in self._session.get_inputs()}
-        unknown = inputs - {"input_ids", "attention_mask", "token_type_ids"}
-        if "input_ids" not in inputs or unknown:
-            raise ModelError(
-                f"{path}: unsupported inputs {sorted(inputs)} (expected input_ids, "
-                "attention_mask and optionally token_type_ids)"
-            )
-        self._inputs = inputs
         self._output: str = self._session.get_outputs()[0].name
         # One batch at a time, so concurrent recalls stay within the thread cap.
         self._lock = threading.Lock()
         try:
             self.score("warm up", ["warm up"])
         except Exception as exc:  # a graph that loads but cannot run is as broken as a bad file
-            raise ModelError(f"{path} cannot run: {exc}") from exc
+            raise ModelError(f"{model_dir / MODEL_FILE} cannot run: {exc}") from exc
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         if not texts:
