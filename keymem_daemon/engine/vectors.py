@@ -116,9 +116,8 @@ class VectorTable:
         row = self._rows.get(item_id)
         if row is None:
             return None
-        if self.quantized:
-            return self._matrix[row].astype(np.float32) * self._scales[row]
-        return self._matrix[row]
+        vector: Matrix = self._matrix[row].astype(np.float32, copy=False)
+        return vector * self._scales[row] if self.quantized else vector
 
     def snapshot(self) -> Snapshot:
         with self._lock:
