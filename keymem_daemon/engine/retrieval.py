@@ -771,7 +771,8 @@ def relevance(coverage: float, cosine: float) -> float:
 
 
 def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
-                    memories: Sequence[Memory]) -> dict[str, float]:
+                    memories: Sequence[Memory],
+                    link_map: Mapping[str, Mapping[str, tuple[float, bool]]] | None = None) -> dict[str, float]:
     """The IDF-weighted share of the query's tokens each memory covers: a token counts when
     it occurs in the memory's text or keys, or -- at its cosine -- when one of the memory's
     keys means it (``hurt`` is covered by a memory keyed ``injury``)."""
@@ -788,7 +789,8 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
         for rowid, content, keys in conn.execute(
                 f"SELECT rowid, content_tokens, key_tokens FROM memory_fts WHERE rowid IN ({marks})", chunk):
             texts[rowid] = set(content.split()) | set(keys.split())
-    link_map = links_of(conn, [m.id for m in memories])
+    if link_map is None:
+        link_map = links_of(conn, [m.id for m in memories])
     key_ids = sorted({k for keys in link_map.values() for k in keys})
     vectors = [graph.keys.vectors.get(k) for k in key_ids]
     column = {k: i for i, k in enumerate(key_ids)}
@@ -893,7 +895,8 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                 and (scope is None or found[mid].namespace in scope)]
         for mid in set(cands) - {m.id for m in live}:
             del cands[mid]
-        cover = coverage_scores(graph, conn, cue, live)
+        link_map = links_of(conn, cands)
+        cover = coverage_scores(graph, conn, cue, live, link_map)
         for m in live:
             c = cands[m.id]
             vector = graph.bodies.get(m.id)
@@ -914,7 +917,6 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             for m in live:
                 if m.id != seed.id and same_episode(m, seed):
                     bonus[m.id] = max(bonus.get(m.id, 0.0), share)
-        link_map = links_of(conn, cands)
         if PRF_WEIGHT > 0:
             sizes = graph.key_counts({k for keys in link_map.values() for k in keys}, scope, now).counts
             total = max(1, len(graph.bodies))
@@ -1170,7 +1172,8 @@ def inject(graph: MemoryGraph, prompt: str, *, scope: Scope, top_k: int = 2, max
         return InjectResult(None, [], [], 0.0, skipped="slash command")
     floor = graph.settings.inject_min_rel if min_rel is None else min_rel
     query = text[:4000]
-    result = hybrid_recall(graph, query, scope=scope, top_k=max(3 * top_k, 15), hops=2, reinforce=False,
+    # No hops: a memory reached only by a hop has no relevance of its own to clear the floor.
+    result = hybrid_recall(graph, query, scope=scope, top_k=max(3 * top_k, 15), hops=1, reinforce=False,
                            max_chars=max_chars)
     picked: list[InjectedMemory] = []
     for hit in result.hits:

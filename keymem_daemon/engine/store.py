@@ -97,7 +97,7 @@ CREATE TABLE links (
     auto INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (key_id, memory_id)
 ) WITHOUT ROWID;
-CREATE INDEX links_by_memory ON links(memory_id, key_id);
+CREATE INDEX links_by_memory ON links(memory_id, key_id, weight, auto);
 
 CREATE TABLE relations (
     from_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
