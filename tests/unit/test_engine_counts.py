@@ -58,11 +58,11 @@ def test_key_counts_follow_every_write_path_and_survive_a_reopen(
                     remember(graph, row[0], [rng.choice(WORDS), "extra key"], namespace=row[1])
             elif action == "correct":
                 target = rng.choice(live)
+                active = graph.store.read(lambda c, target=target: c.execute(
+                    f"SELECT 1 FROM memories m WHERE m.id = ? AND {ACTIVE}", (target, clock())).fetchone())
                 request = graph.prepare(content=f"corrected {step}", keys=None, require_keys=False)
                 result = graph.correct(target, request, keys_given=False, related_given=False,
-                                       ttl_given=False, decay_given=False) if graph.store.read(
-                    lambda c: c.execute(f"SELECT 1 FROM memories m WHERE m.id = ? AND {ACTIVE}",
-                                        (target, clock())).fetchone()) else None
+                                       ttl_given=False, decay_given=False) if active else None
                 if result is not None:
                     live.append(result.new_id)  # type: ignore[union-attr]
             elif action == "forget":
