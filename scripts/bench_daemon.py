@@ -33,6 +33,9 @@ import httpx
 
 from keymem_daemon import runtime
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import percentile, rss_mb  # noqa: E402
+
 TARGET_READY_S: Final = 3.0
 TARGET_RSS_MB: Final = 400.0
 TARGET_P95_MS: Final = 30.0
@@ -106,18 +109,6 @@ def memory(rng: random.Random, i: int) -> dict[str, Any]:
         "key_types": {person: "name"},
         "namespace": f"project-{i % 5}",
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS (Linux only)")
 
 
 class Daemon:

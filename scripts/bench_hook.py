@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_client import Http  # noqa: E402
+from measure import percentile  # noqa: E402
 
 HOOK = ROOT / "hooks" / "keymem_hook.py"
 TARGET_HOOK_P95_MS = 150.0
@@ -294,17 +295,12 @@ def inject(daemon: Http, prompt: str) -> tuple[float, dict[str, Any]]:
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
     return {
-        "n": len(ordered),
-        "p50": round(at(0.50), 2),
-        "p95": round(at(0.95), 2),
-        "max": round(ordered[-1], 2),
-        "mean": round(statistics.fmean(ordered), 2),
+        "n": len(values),
+        "p50": round(percentile(values, 0.50), 2),
+        "p95": round(percentile(values, 0.95), 2),
+        "max": round(max(values), 2),
+        "mean": round(statistics.fmean(values), 2),
     }
 
 

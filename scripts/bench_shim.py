@@ -44,6 +44,9 @@ from keymem_daemon import runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import percentile  # noqa: E402
+
 SCRUBBED = ("KEYMEM_", "CLAUDE_", "CODEX_", "HF_", "HUGGINGFACE_")
 
 
@@ -60,12 +63,6 @@ def environment(root: Path, data_dir: Path) -> dict[str, str]:
         KEYMEM_LOG_LEVEL="warning",
     )
     return env
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -90,7 +90,7 @@ from keymem_daemon.engine.model import (
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.store import Store, Tx
 from keymem_daemon.engine.text import Analyzer, default_analyzer, normalize, normalize_namespace
-from keymem_daemon.engine.vectors import VectorTable
+from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.models.embedders import Embedder, ThresholdProfile
 
@@ -335,43 +335,44 @@ class MemoryGraph:
         self._load_indexes()
 
     def _load_indexes(self) -> None:
+        """Fill the key index, the body table and the member counts from the store.
+
+        Rows are streamed straight into the preallocated matrices: holding every vector
+        blob at once (fetchall) doubled the peak memory of a large store, and the process
+        kept that peak as its resident size."""
         started = time.perf_counter()
 
-        def load(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], dict[str, int], list[Any]]:
-            keys = conn.execute("SELECT id, concept, compact, key_type, vector FROM keys").fetchall()
-            aliases = conn.execute("SELECT key_id, alias, compact FROM aliases ORDER BY added_at").fetchall()
+        def load(conn: sqlite3.Connection) -> tuple[int, int]:
+            aliases: dict[str, list[tuple[str, str]]] = {}
+            for key_id, alias, compact in conn.execute("SELECT key_id, alias, compact FROM aliases ORDER BY added_at"):
+                aliases.setdefault(key_id, []).append((alias, compact))
             counts = dict(conn.execute("SELECT key_id, COUNT(*) FROM links GROUP BY key_id").fetchall())
-            bodies = conn.execute(
-                "SELECT id, namespace, vector FROM memories WHERE superseded_by IS NULL AND vector IS NOT NULL"
-            ).fetchall()
-            members = conn.execute(
+            self.keys.vectors.reserve(conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0])
+            keys = 0
+            for key_id, concept, compact, key_type, blob in conn.execute(
+                    "SELECT id, concept, compact, key_type, vector FROM keys"):
+                alias_rows = aliases.get(key_id, [])
+                self.keys.put(KeyInfo(
+                    id=key_id, concept=concept, key_type=key_type, compact=compact,
+                    aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
+                    link_count=counts.get(key_id, 0)), vector_from(blob))
+                keys += 1
+            live = "superseded_by IS NULL AND vector IS NOT NULL"
+            self.bodies.reserve(conn.execute(f"SELECT COUNT(*) FROM memories WHERE {live}").fetchone()[0])
+            bodies = 0
+            for memory_id, namespace, blob in conn.execute(f"SELECT id, namespace, vector FROM memories WHERE {live}"):
+                self.bodies.upsert(memory_id, vector_from(blob), self.namespace_code(namespace))
+                bodies += 1
+            self.counts.add_counts(conn.execute(
                 "SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
-                "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace").fetchall()
-            expiring = [(r[0], self._member_state(conn, r[0])) for r in conn.execute(
-                "SELECT id FROM memories WHERE superseded_by IS NULL AND expires_at IS NOT NULL")]
-            self.counts.add_counts(members)
-            for mid, state in expiring:
-                self.counts.apply(mid, None, state)
-            return keys, aliases, counts, bodies
+                "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace").fetchall())
+            for (memory_id,) in conn.execute(
+                    "SELECT id FROM memories WHERE superseded_by IS NULL AND expires_at IS NOT NULL").fetchall():
+                self.counts.apply(memory_id, None, self._member_state(conn, memory_id))
+            return keys, bodies
 
-        keys, aliases, counts, bodies = self.store.read(load)
-        self.keys.vectors.reserve(len(keys))
-        self.bodies.reserve(len(bodies))
-        by_key: dict[str, list[tuple[str, str]]] = {}
-        for row in aliases:
-            by_key.setdefault(row["key_id"], []).append((row["alias"], row["compact"]))
-        for row in keys:
-            alias_rows = by_key.get(row["id"], [])
-            info = KeyInfo(
-                id=row["id"], concept=row["concept"], key_type=row["key_type"], compact=row["compact"],
-                aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
-                link_count=counts.get(row["id"], 0),
-            )
-            self.keys.put(info, vector_from(row["vector"]))
-        for row in bodies:
-            self.bodies.upsert(row["id"], vector_from(row["vector"]), self.namespace_code(row["namespace"]))
-        logger.info("loaded %d keys and %d memory vectors in %.2f s", len(keys), len(bodies),
-                    time.perf_counter() - started)
+        keys, bodies = self.store.read(load)
+        logger.info("loaded %d keys and %d memory vectors in %.2f s", keys, bodies, time.perf_counter() - started)
 
     def _ensure_embedding_space(self, progress: Callable[[str, int, int], None] | None) -> None:
         """Stamp a new store with the embedder's fingerprint; re-embed when it changed."""
@@ -786,6 +787,8 @@ class MemoryGraph:
         touched: set[str] = set()
         linked: list[str] = []
         pairs = self._translation_pairs(keys, key_types, vectors)
+        near = dict(zip(keys, self.keys.neighbours_of(np.stack([vectors[k] for k in keys]), self.profile),
+                        strict=True)) if keys else {}
         resolved: dict[str, str] = {}
         for key in keys:
             kind = key_types.get(key, "concept")
@@ -796,7 +799,7 @@ class MemoryGraph:
                 self._add_alias(conn, key_id, key, learned=False)
                 touched.add(key_id)
             else:
-                match = self.keys.resolve(key, kind, vectors[key], self.profile, pending)
+                match = self.keys.resolve(key, kind, vectors[key], self.profile, pending, near[key])
                 if match.key_id is None:
                     key_id = new_id()
                     conn.execute(
@@ -916,30 +919,26 @@ class MemoryGraph:
         linked = set(self.store.read(lambda c: [r[0] for r in c.execute(
             "SELECT key_id FROM links WHERE memory_id = ?", (memory_id,))]))
         provided_norms = {normalize(k) for k in provided}
+        mine: list[tuple[KeyInfo, npt.NDArray[np.float32]]] = []
+        for key_id in linked:
+            info, vector = self.keys.get(key_id), self.keys.vectors.get(key_id)
+            if info is not None and vector is not None and normalize(info.concept) in provided_norms:
+                mine.append((info, vector))
         near: list[dict[str, Any]] = []
         snap = self.keys.snapshot()
-        for key_id in linked:
-            info = self.keys.get(key_id)
-            if info is None or normalize(info.concept) not in provided_norms:
-                continue
-            vector = self.keys.vectors.get(key_id)
-            if vector is None or not snap.ids:
-                continue
-            sims = snap.similarities(vector[None, :])[0]
-            best: tuple[float, KeyInfo] | None = None
-            for row in np.argsort(-sims)[:20]:
-                other = self.keys.get(snap.ids[row])
-                sim = float(sims[row])
-                if other is None or other.id in linked or other.is_entity:
-                    continue
-                merge_at = (self.profile.cross_script_merge if cross_script(info.concept, other.concept)
-                            else self.profile.short_key_merge)
-                if self.profile.key_recall <= sim < merge_at:
-                    best = (sim, other)
-                    break
-            if best is not None:
-                near.append({"your_key": info.concept, "existing_concept": best[1].concept,
-                             "key_id": best[1].id, "similarity": round(best[0], 3)})
+        if mine and snap.ids:
+            all_sims = snap.similarities(np.stack([vector for _, vector in mine]))
+            for (info, _), sims in zip(mine, all_sims, strict=True):
+                for row in top_indices(sims, 20):
+                    other, sim = self.keys.get(snap.ids[row]), float(sims[row])
+                    if other is None or other.id in linked or other.is_entity:
+                        continue
+                    merge_at = (self.profile.cross_script_merge if cross_script(info.concept, other.concept)
+                                else self.profile.short_key_merge)
+                    if self.profile.key_recall <= sim < merge_at:
+                        near.append({"your_key": info.concept, "existing_concept": other.concept,
+                                     "key_id": other.id, "similarity": round(sim, 3)})
+                        break
         phrases = [k for k in provided if len(k.split()) >= PHRASE_TOKENS]
         language = LANGUAGE_NOTE if provided and language_uniform(provided) else None
         few = FEW_KEYS_NOTE if len(provided) < 3 else None

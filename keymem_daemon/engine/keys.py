@@ -178,6 +178,8 @@ class KeyIndex:
     """Every key's metadata, vector and literal forms, in memory; changed after commits."""
 
     def __init__(self, dim: int) -> None:
+        # Full precision: key cosines decide merges and rankings near calibrated bars; int8
+        # rows would save ~50 MB at 100k memories but cost the agent walk ~1 point (measured).
         self.vectors = VectorTable(dim)
         self._info: dict[str, KeyInfo] = {}
         self._by_norm: dict[str, str] = {}
@@ -257,8 +259,11 @@ class KeyIndex:
         vector: npt.NDArray[np.float32],
         profile: ThresholdProfile,
         pending: Sequence[PendingKey] = (),
+        neighbours: Sequence[tuple[float, str]] | None = None,
     ) -> KeyMatch:
-        """Which key ``concept`` lands on (see the module docstring for the rules)."""
+        """Which key ``concept`` lands on (see the module docstring for the rules).
+        ``neighbours``: the existing keys close to ``vector``, if the caller computed them
+        for several keys at once (``neighbours_of``)."""
         norm = normalize(concept)
         for p in pending:
             if normalize(p.concept) == norm:
@@ -270,10 +275,21 @@ class KeyIndex:
             return KeyMatch(existing, "exact", promote_to=promote)
         if key_type in ENTITY_TYPES:
             return KeyMatch(None, "new")
-        best = self._best_similar(concept, vector, profile, pending)
+        best = self._best_similar(concept, vector, profile, pending, neighbours)
         if best is not None:
             return KeyMatch(best[0], "similar", similarity=best[1], add_alias=True)
         return KeyMatch(None, "new")
+
+    def neighbours_of(self, vectors: npt.NDArray[np.float32], profile: ThresholdProfile
+                      ) -> list[list[tuple[float, str]]]:
+        """For each vector, the existing keys close enough to be merge candidates (one
+        matrix product for all the keys of a write)."""
+        floor = min(profile.short_key_merge, profile.key_merge, profile.cross_script_merge)
+        snap = self.vectors.snapshot()
+        if not snap.ids:
+            return [[] for _ in range(len(vectors))]
+        sims = snap.similarities(vectors)
+        return [[(float(row[i]), snap.ids[i]) for i in np.flatnonzero(row >= floor)] for row in sims]
 
     def _best_similar(
         self,
@@ -281,18 +297,16 @@ class KeyIndex:
         vector: npt.NDArray[np.float32],
         profile: ThresholdProfile,
         pending: Sequence[PendingKey],
+        neighbours: Sequence[tuple[float, str]] | None,
     ) -> tuple[str, float] | None:
         same_at = profile.short_key_merge if is_short_concept(concept) else profile.key_merge
+        if neighbours is None:
+            neighbours = self.neighbours_of(vector[None, :], profile)[0]
         candidates: list[tuple[float, str, str]] = []
-        snap = self.vectors.snapshot()
-        if snap.ids:
-            sims = snap.similarities(vector[None, :])[0]
-            floor = min(same_at, profile.cross_script_merge)
-            for row in np.flatnonzero(sims >= floor):
-                kid = snap.ids[row]
-                info = self._info.get(kid)
-                if info is not None and info.key_type == "concept":
-                    candidates.append((float(sims[row]), kid, info.concept))
+        for sim, kid in neighbours:
+            info = self._info.get(kid)
+            if info is not None and info.key_type == "concept":
+                candidates.append((sim, kid, info.concept))
         for p in pending:
             if p.key_type == "concept":
                 candidates.append((float(p.vector @ vector), p.id, p.concept))

@@ -52,6 +52,7 @@ from keymem_daemon.engine.text import (
     query_terms,
     truncate,
 )
+from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -125,14 +126,6 @@ def sigmoid(logit: float) -> float:
 
 def depth_factor(depth: float) -> float:
     return 0.9 + 0.1 * depth
-
-
-def top_indices(values: npt.NDArray[np.floating], n: int) -> npt.NDArray[np.intp]:
-    """Indices of the ``n`` largest values, largest first."""
-    if n <= 0 or values.size == 0:
-        return np.zeros(0, dtype=np.intp)
-    part = np.argpartition(-values, n - 1)[:n] if values.size > n else np.arange(values.size)
-    return part[np.argsort(-values[part], kind="stable")]
 
 
 def fts_query(tokens: Iterable[str]) -> str | None:

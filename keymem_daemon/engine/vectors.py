@@ -137,3 +137,11 @@ class VectorTable:
         groups[:n] = self._groups[:n]
         # Readers holding the old arrays keep a valid (if older) view.
         self._matrix, self._scales, self._alive, self._groups = matrix, scales, alive, groups
+
+
+def top_indices(values: npt.NDArray[np.floating], n: int) -> npt.NDArray[np.intp]:
+    """Indices of the ``n`` largest values, largest first (a partial sort)."""
+    if n <= 0 or values.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    part = np.argpartition(-values, n - 1)[:n] if values.size > n else np.arange(values.size)
+    return part[np.argsort(-values[part], kind="stable")]
