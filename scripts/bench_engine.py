@@ -25,27 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+
+from measure import percentile, rss_mb  # noqa: E402
 
 QUERIES = ("deployment schedule for the billing API", "which editor does the user prefer", "배포 롤백 절차",
            "kafka queue latency incident", "데이터베이스 마이그레이션 일정", "hiring budget meeting",
            "what did we decide about redis cache", "테스트 커버리지 기준", "on-call alerting rules", "module42 owner")
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def percentiles(values: list[float]) -> dict[str, float]:
-    v = np.array(values) * 1000
-    return {"p50": round(float(np.percentile(v, 50)), 2), "p95": round(float(np.percentile(v, 95)), 2)}
+    """p50/p95 of durations in seconds, in milliseconds."""
+    return {"p50": round(percentile(values, 0.50) * 1000, 2), "p95": round(percentile(values, 0.95) * 1000, 2)}
 
 
 def build(size: int) -> tuple[Path, float]:
