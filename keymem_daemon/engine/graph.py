@@ -86,6 +86,7 @@ from keymem_daemon.engine.model import (
     Replayed,
     Stats,
     dumps,
+    render,
 )
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.store import Store, Tx
@@ -656,14 +657,15 @@ class MemoryGraph:
             return result
 
         result = self.store.write(write)
-        if isinstance(result, Replayed):
+        saved = result.result.get("saved") if isinstance(result, Replayed) else result.saved
+        # Hints are read-only advice computed after the commit, so a replayed write (the shim's
+        # retry after a daemon restart) gets them too, from the graph as it is now.
+        hints = self.write_hints(saved, request.keys) if isinstance(saved, str) else None
+        if hints is None:
             return result
-        hints = self.write_hints(result.saved, request.keys)
-        if hints is not None:
-            from dataclasses import replace
-
-            result = replace(result, hints=hints)
-        return result
+        if isinstance(result, Replayed):
+            return Replayed({**result.result, "hints": render(hints)})
+        return dataclasses.replace(result, hints=hints)
 
     def remember_batch(self, items: Sequence[NewMemory | InvalidInput], *, host: Host | None = None,
                        idempotency_key: str | None = None) -> BatchResult | Replayed:

@@ -62,8 +62,12 @@ logger = logging.getLogger(__name__)
 
 CHANNEL_DEPTH: Final = 50
 KEY_PATH_KEYS: Final = 10
-# A matched key adds its members as candidates only when it has at most this many.
+# A matched key adds its members as candidates only when it has at most this many; keys
+# add theirs strongest first until the key path has brought KEY_PATH_POOL candidates (a
+# query near many sibling names -- auth-api, auth-batch, ... -- would otherwise score all
+# of their memories: 10k store, 450 candidates and 25 ms for a push-path prompt).
 KEY_PATH_MEMBERS: Final = 100
+KEY_PATH_POOL: Final = 200
 # At most this many memories join the pool for being observed in a named period.
 WINDOW_MEMBERS: Final = 200
 HOP_DECAY: Final = 0.3
@@ -416,12 +420,9 @@ def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPl
         if logits is not None:
             return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits, strict=True)}
     cover = coverage_scores(graph, conn, plan, memories)
-    out = {}
-    for m in memories:
-        vector = graph.bodies.get(m.id)
-        cosine = float(vector @ plan.focus_vector) if vector is not None else 0.0
-        out[m.id] = relevance(cover.get(m.id, 0.0), cosine)
-    return out
+    cosines = graph.bodies.cosines([m.id for m in memories], plan.focus_vector)
+    return {m.id: relevance(cover.get(m.id, 0.0), float(cosines[m.id][0]) if m.id in cosines else 0.0)
+            for m in memories}
 
 
 def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespace: str | None,
@@ -611,9 +612,9 @@ def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: flo
         live = [m for m in found.values() if m.active(now)]
         cover = coverage_scores(graph, conn, cue, live)
         per_memory: dict[str, float] = {}
+        cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
         for m in live:
-            vector = graph.bodies.get(m.id)
-            cosine = max(float(vector @ cue.focus_vector), float(vector @ cue.vector)) if vector is not None else 0.0
+            cosine = float(cosines[m.id].max()) if m.id in cosines else 0.0
             value = relevance(cover.get(m.id, 0.0), cosine)
             if value >= CONTENT_GATE:
                 per_memory[m.id] = value * graph.rank_factor_of(m, now)
@@ -799,14 +800,20 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
         bar = np.where(token_script[:, None] != key_script[None, :], graph.profile.translation_pair,
                        SOFT_KEY_MATCH)
         soft[with_vectors] = np.where(sims >= bar, sims, 0.0)
+    # Per memory the work is a handful of tokens by a handful of keys: plain Python beats
+    # numpy's per-call overhead there, so the soft matches go to lists first.
+    touched = set(np.flatnonzero(soft.any(axis=0)).tolist())
+    soft_of: dict[str, list[float]] = {k: soft[:, column[k]].tolist() for k in key_ids if column[k] in touched}
+    token_weights = weights.tolist()
     out: dict[str, float] = {}
     for m in memories:
         words = texts.get(m.rowid, set())
-        match = np.array([1.0 if t in words else 0.0 for t in tokens], dtype=np.float32)
-        cols = [column[k] for k in link_map.get(m.id, {})]
-        if cols:
-            match = np.maximum(match, soft[:, cols].max(axis=1))
-        out[m.id] = float((weights * match).sum() / total)
+        match = [1.0 if t in words else 0.0 for t in tokens]
+        for kid in link_map.get(m.id, {}):
+            key_sims = soft_of.get(kid)
+            if key_sims is not None:
+                match = [max(a, b) for a, b in zip(match, key_sims, strict=True)]
+        out[m.id] = sum(w * x for w, x in zip(token_weights, match, strict=True)) / total
     return out
 
 
@@ -865,7 +872,14 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         # A hub names a topic, not a memory: its members come through the other channels
         # (its text is in their lexical index) or not at all.
         sizes = graph.key_counts([k for k, _, _ in keys], scope, now).counts
-        narrow = [k for k, _, _ in keys if 0 < sizes.get(k, 0) <= KEY_PATH_MEMBERS]
+        narrow: list[str] = []
+        budget = KEY_PATH_POOL
+        for kid, _, _ in keys:
+            if budget <= 0:
+                break
+            if 0 < sizes.get(kid, 0) <= KEY_PATH_MEMBERS:
+                narrow.append(kid)
+                budget -= sizes[kid]
         members = key_members(conn, narrow, scope, now)
         for kid in narrow:
             info = graph.keys.get(kid)
@@ -890,14 +904,14 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             del cands[mid]
         link_map = links_of(conn, cands)
         cover = coverage_scores(graph, conn, cue, live, link_map)
+        cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
         for m in live:
             c = cands[m.id]
-            vector = graph.bodies.get(m.id)
             c.coverage = cover.get(m.id, 0.0)
-            c.dense = float(vector @ cue.focus_vector) if vector is not None else 0.0
+            focused, whole = (float(x) for x in cosines[m.id]) if m.id in cosines else (0.0, 0.0)
+            c.dense = focused
             # Relevance (what the push path's floor reads) takes the better of the focused and
             # the whole-query cosine: either can be the one that says "this answers it".
-            whole = float(vector @ cue.vector) if vector is not None else 0.0
             c.raw = relevance(c.coverage, max(c.dense, whole))
             score = c.coverage + DENSE_WEIGHT * max(0.0, c.dense)
             if plan.window is not None and plan.window.contains(m.when):

@@ -13,6 +13,7 @@ Memory bodies use it: 100k bodies take 51 MB instead of 205 MB, scoring them is 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -118,6 +119,24 @@ class VectorTable:
             return None
         vector: Matrix = self._matrix[row].astype(np.float32, copy=False)
         return vector * self._scales[row] if self.quantized else vector
+
+    def cosines(self, item_ids: Iterable[str], queries: Matrix) -> dict[str, Matrix]:
+        """Each known id's cosine with every row of ``queries``, in one matrix product."""
+        known: list[str] = []
+        rows: list[int] = []
+        for item_id in item_ids:
+            row = self._rows.get(item_id)
+            if row is not None:
+                known.append(item_id)
+                rows.append(row)
+        if not known:
+            return {}
+        # Read after the rows: a concurrent resize only ever replaces the matrix with a longer copy.
+        matrix, scales = self._matrix, self._scales
+        values = matrix[rows].astype(np.float32) @ np.atleast_2d(queries).T
+        if self.quantized:
+            values *= scales[rows][:, None]
+        return dict(zip(known, values, strict=True))
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -1,0 +1,44 @@
+"""The in-memory vector tables: exact and int8 rows, growth, tombstones, batch cosines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from keymem_daemon.engine.vectors import VectorTable
+
+
+def unit_rows(count: int, dim: int, seed: int = 3) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((count, dim)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_batch_cosines_match_row_by_row_and_survive_growth(quantized: bool) -> None:
+    rows = unit_rows(600, 32)  # more than the initial 256 rows: the matrix grows twice
+    table = VectorTable(32, quantized=quantized)
+    for i, row in enumerate(rows):
+        table.upsert(f"m{i}", row)
+    table.remove("m5")
+    queries = unit_rows(2, 32, seed=9)
+    wanted = ["m0", "m5", "m300", "m599", "missing"]
+
+    got = table.cosines(wanted, queries)
+
+    # Unknown and removed ids are simply absent; the others get one cosine per query row.
+    assert sorted(got) == ["m0", "m300", "m599"]
+    for item_id, values in got.items():
+        exact = rows[int(item_id[1:])] @ queries.T
+        assert values.shape == (2,)
+        np.testing.assert_allclose(values, exact, atol=0.01 if quantized else 1e-5)
+        single = table.get(item_id)
+        assert single is not None
+        np.testing.assert_allclose(values, single @ queries.T, atol=1e-5)
+
+
+def test_a_single_query_vector_gives_one_column() -> None:
+    table = VectorTable(4)
+    table.upsert("a", np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32))
+    got = table.cosines(["a"], np.array([0.6, 0.8, 0.0, 0.0], dtype=np.float32))
+    np.testing.assert_allclose(got["a"], [0.6])
+    assert table.cosines([], np.zeros(4, dtype=np.float32)) == {}
