@@ -89,7 +89,7 @@ from keymem_daemon.engine.model import (
     render,
 )
 from keymem_daemon.engine.redact import redact
-from keymem_daemon.engine.store import Store, Tx
+from keymem_daemon.engine.store import Store, Tx, rows_in
 from keymem_daemon.engine.text import Analyzer, default_analyzer, normalize, normalize_namespace
 from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import InvalidInput, NotFound, Refused, StoreError
@@ -168,14 +168,8 @@ def get_memory(conn: sqlite3.Connection, memory_id: str) -> Memory | None:
 
 
 def get_memories(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Memory]:
-    out: dict[str, Memory] = {}
-    batch = list(dict.fromkeys(ids))
-    for start in range(0, len(batch), 500):
-        chunk = batch[start:start + 500]
-        marks = ",".join("?" * len(chunk))
-        for row in conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
-            out[row["id"]] = memory_from_row(row)
-    return out
+    return {row["id"]: memory_from_row(row) for row in rows_in(
+        conn, f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({{marks}})", list(dict.fromkeys(ids)))}
 
 
 def dedup_hash(content: str) -> str:

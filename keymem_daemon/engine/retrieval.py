@@ -44,6 +44,7 @@ from keymem_daemon.engine.model import (
     Preview,
     RecallResult,
 )
+from keymem_daemon.engine.store import rows_in
 from keymem_daemon.engine.text import (
     Word,
     index_tokens_of,
@@ -388,13 +389,9 @@ def key_members(conn: sqlite3.Connection, key_ids: Sequence[str], scope: Scope, 
 def links_of(conn: sqlite3.Connection, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
     """memory -> {key id: (weight, auto)}."""
     out: dict[str, dict[str, tuple[float, bool]]] = {}
-    ids = list(dict.fromkeys(memory_ids))
-    for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
-        marks = ",".join("?" * len(chunk))
-        for mid, kid, weight, auto in conn.execute(
-                f"SELECT memory_id, key_id, weight, auto FROM links WHERE memory_id IN ({marks})", chunk):
-            out.setdefault(mid, {})[kid] = (float(weight), bool(auto))
+    for mid, kid, weight, auto in rows_in(conn, "SELECT memory_id, key_id, weight, auto FROM links "
+                                                "WHERE memory_id IN ({marks})", list(dict.fromkeys(memory_ids))):
+        out.setdefault(mid, {})[kid] = (float(weight), bool(auto))
     return out
 
 
@@ -775,14 +772,9 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
         return {m.id: 0.0 for m in memories}
     total = sum(plan.weights[t] for t in tokens)
     weights = np.array([plan.weights[t] for t in tokens])
-    texts: dict[int, set[str]] = {}
-    rowids = [m.rowid for m in memories]
-    for start in range(0, len(rowids), 500):
-        chunk = rowids[start:start + 500]
-        marks = ",".join("?" * len(chunk))
-        for rowid, content, keys in conn.execute(
-                f"SELECT rowid, content_tokens, key_tokens FROM memory_fts WHERE rowid IN ({marks})", chunk):
-            texts[rowid] = set(content.split()) | set(keys.split())
+    texts = {rowid: set(content.split()) | set(keys.split()) for rowid, content, keys in rows_in(
+        conn, "SELECT rowid, content_tokens, key_tokens FROM memory_fts WHERE rowid IN ({marks})",
+        [m.rowid for m in memories])}
     if link_map is None:
         link_map = links_of(conn, [m.id for m in memories])
     key_ids = sorted({k for keys in link_map.values() for k in keys})

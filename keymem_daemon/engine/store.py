@@ -18,7 +18,7 @@ import logging
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS: Final = 10_000
+# Values bound per ``IN (...)`` list: SQLite caps a statement's parameters (999 on older builds).
+_IN_CHUNK: Final = 500
 
 _SCHEMA_V1: Final = """
 CREATE TABLE meta (
@@ -129,6 +131,14 @@ CREATE VIRTUAL TABLE memory_vocab USING fts5vocab(memory_fts, 'row');
 
 CREATE INDEX memories_by_when ON memories(namespace, COALESCE(observed_at, created_at));
 """
+
+
+def rows_in(conn: sqlite3.Connection, sql: str, values: Sequence[Any]) -> Iterator[Any]:
+    """The rows of ``sql`` for every value, where ``{marks}`` in ``sql`` stands for the
+    placeholders of its ``IN`` list; a long list is asked for a chunk at a time."""
+    for start in range(0, len(values), _IN_CHUNK):
+        chunk = values[start:start + _IN_CHUNK]
+        yield from conn.execute(sql.format(marks=",".join("?" * len(chunk))), chunk)
 
 
 def _execute_script(conn: sqlite3.Connection, script: str) -> None:

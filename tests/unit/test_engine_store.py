@@ -31,7 +31,7 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.model import CorrectResult
-from keymem_daemon.engine.store import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate
+from keymem_daemon.engine.store import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate, rows_in
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.models.embedders import Embedder
@@ -398,3 +398,15 @@ def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
         assert retrieval.recall(migrated, "파이썬").memories[0].id == mid
     finally:
         migrated.close()
+
+
+def test_rows_in_asks_for_a_long_in_list_a_chunk_at_a_time() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t(n INTEGER)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(n,) for n in range(3000)])
+    wanted = list(range(0, 3000, 2))  # 1,500 values: more than one statement may bind
+
+    got = sorted(n for (n,) in rows_in(conn, "SELECT n FROM t WHERE n IN ({marks})", wanted))
+
+    assert got == wanted
+    assert list(rows_in(conn, "SELECT n FROM t WHERE n IN ({marks})", [])) == []
