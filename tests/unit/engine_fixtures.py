@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,27 @@ def graph(
     try:
         yield g
     finally:
+        g.close()
+
+
+GraphFactory = Callable[..., MemoryGraph]
+
+
+@pytest.fixture
+def graph_with(
+    tmp_path: Path, embedder: Embedder, analyzer: Analyzer, clock: FakeClock
+) -> Iterator[GraphFactory]:
+    """``graph_with(hub_min_links=2)``: the ``graph`` fixture's store, opened with those
+    settings changed; closed at teardown."""
+    opened: list[MemoryGraph] = []
+
+    def make(**overrides: Any) -> MemoryGraph:
+        g = open_graph(tmp_path / "keymem.db", embedder, Settings(data_dir=tmp_path, **overrides), clock, analyzer)
+        opened.append(g)
+        return g
+
+    yield make
+    for g in opened:
         g.close()
 
 

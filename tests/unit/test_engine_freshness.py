@@ -6,24 +6,22 @@ boundaries, the rank factor, and the injectable clock driving all of it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from engine_fixtures import (  # noqa: F401 - fixtures
     DAY,
     START,
     FakeClock,
+    GraphFactory,
     analyzer,
     clock,
     embedder,
     graph,
+    graph_with,
     key_id,
-    open_graph,
     remember,
     settings,
 )
 
-from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import (
     HalfLives,
@@ -34,9 +32,7 @@ from keymem_daemon.engine.freshness import (
     validity,
 )
 from keymem_daemon.engine.graph import MemoryGraph
-from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.errors import InvalidInput
-from keymem_daemon.models.embedders import Embedder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,25 +141,11 @@ def test_a_memory_decays_by_its_own_profile(
     assert v.decay_profile == profile and v.status == status
 
 
-def test_half_lives_come_from_the_settings(
-    tmp_path: Path,
-    embedder: Embedder,
-    analyzer: Analyzer,  # noqa: F811
-    clock: FakeClock,
-) -> None:
-    g = open_graph(
-        tmp_path / "keymem.db",
-        embedder,
-        Settings(data_dir=tmp_path, decay_standard_days=10),
-        clock,
-        analyzer,
-    )
-    try:
-        mid = remember(g, "The build cache lives in S3", ["build", "cache"])
-        clock.advance(10 * DAY)
-        assert g.read_memory(mid).memory.validity.freshness == 0.5
-    finally:
-        g.close()
+def test_half_lives_come_from_the_settings(graph_with: GraphFactory, clock: FakeClock) -> None:  # noqa: F811
+    g = graph_with(decay_standard_days=10)
+    mid = remember(g, "The build cache lives in S3", ["build", "cache"])
+    clock.advance(10 * DAY)
+    assert g.read_memory(mid).memory.validity.freshness == 0.5
 
 
 def test_reading_a_stale_memory_does_not_refresh_it(graph: MemoryGraph, clock: FakeClock) -> None:  # noqa: F811

@@ -8,27 +8,25 @@ alias learning (promote-N, confirm floor, alias cap, prune age)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from engine_fixtures import (  # noqa: F401 - fixtures
     DAY,
     FakeClock,
+    GraphFactory,
     analyzer,
     clock,
     embedder,
     graph,
+    graph_with,
     key_id,
-    open_graph,
     remember,
     settings,
 )
 
-from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import conflicting_qualifiers, sanitize_keys
-from keymem_daemon.engine.text import Analyzer, normalize
+from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.models.embedders import Embedder
 
@@ -336,25 +334,11 @@ def test_an_entity_key_counts_half_in_idf(graph: MemoryGraph) -> None:
     assert graph.idf(key_id(graph, "design")) == pytest.approx(1.0)
 
 
-def test_a_custom_hub_threshold_is_honoured(
-    tmp_path: Path,
-    embedder: Embedder,
-    analyzer: Analyzer,  # noqa: F811
-    clock: FakeClock,
-) -> None:
-    g = open_graph(
-        tmp_path / "keymem.db",
-        embedder,
-        Settings(data_dir=tmp_path, hub_min_links=2),
-        clock,
-        analyzer,
-    )
-    try:
-        remember(g, "Deploys go out on Fridays", ["deployment"])
-        remember(g, "Deploys need a green build", ["deployment"])
-        assert g.read_key(key_id(g, "deployment")).key.is_hub
-    finally:
-        g.close()
+def test_a_custom_hub_threshold_is_honoured(graph_with: GraphFactory) -> None:  # noqa: F811
+    g = graph_with(hub_min_links=2)
+    remember(g, "Deploys go out on Fridays", ["deployment"])
+    remember(g, "Deploys need a green build", ["deployment"])
+    assert g.read_key(key_id(g, "deployment")).key.is_hub
 
 
 # -- autokey ----------------------------------------------------------------------------
@@ -456,84 +440,37 @@ def test_a_semantic_match_confirmed_three_times_becomes_a_key_of_its_own(
     assert mid in [h.memory_id for h in graph.read_key(espresso).memories]
 
 
-def test_promote_n_sets_how_many_confirmations_are_needed(
-    tmp_path: Path, embedder: Embedder, analyzer: Analyzer, clock: FakeClock
-) -> None:  # noqa: F811
-    g = open_graph(
-        tmp_path / "keymem.db",
-        embedder,
-        Settings(data_dir=tmp_path, autokey_promote_n=1),
-        clock,
-        analyzer,
-    )
-    try:
-        mid = remember(g, HOMETOWN, ["hometown", "Busan"])
-        hometown = key_id(g, "hometown")
-        weak_reads(g, "birthplace", mid, hometown, 1)
-        assert "birthplace" in aliases_of(g, hometown)
-    finally:
-        g.close()
+def test_promote_n_sets_how_many_confirmations_are_needed(graph_with: GraphFactory) -> None:  # noqa: F811
+    g = graph_with(autokey_promote_n=1)
+    mid = remember(g, HOMETOWN, ["hometown", "Busan"])
+    hometown = key_id(g, "hometown")
+    weak_reads(g, "birthplace", mid, hometown, 1)
+    assert "birthplace" in aliases_of(g, hometown)
 
 
-def test_a_query_below_the_confirm_floor_is_never_learned(
-    tmp_path: Path, embedder: Embedder, analyzer: Analyzer, clock: FakeClock
-) -> None:  # noqa: F811
-    g = open_graph(
-        tmp_path / "keymem.db",
-        embedder,
-        Settings(data_dir=tmp_path, autokey_confirm_floor=0.59),
-        clock,
-        analyzer,
-    )
-    try:
-        mid = remember(g, HOMETOWN, ["hometown", "Busan"])
-        hometown = key_id(g, "hometown")
-        weak_reads(g, "birthplace", mid, hometown, 4)
-        assert candidates(g) == []
-        assert aliases_of(g, hometown) == ()
-    finally:
-        g.close()
+def test_a_query_below_the_confirm_floor_is_never_learned(graph_with: GraphFactory) -> None:  # noqa: F811
+    g = graph_with(autokey_confirm_floor=0.59)
+    mid = remember(g, HOMETOWN, ["hometown", "Busan"])
+    hometown = key_id(g, "hometown")
+    weak_reads(g, "birthplace", mid, hometown, 4)
+    assert candidates(g) == []
+    assert aliases_of(g, hometown) == ()
 
 
-def test_no_alias_is_learned_past_the_alias_cap(
-    tmp_path: Path, embedder: Embedder, analyzer: Analyzer, clock: FakeClock
-) -> None:  # noqa: F811
-    g = open_graph(
-        tmp_path / "keymem.db",
-        embedder,
-        Settings(data_dir=tmp_path, autokey_max_aliases=0),
-        clock,
-        analyzer,
-    )
-    try:
-        mid = remember(g, HOMETOWN, ["hometown", "Busan"])
-        hometown = key_id(g, "hometown")
-        weak_reads(g, "birthplace", mid, hometown, 4)
-        assert aliases_of(g, hometown) == ()
-    finally:
-        g.close()
+def test_no_alias_is_learned_past_the_alias_cap(graph_with: GraphFactory) -> None:  # noqa: F811
+    g = graph_with(autokey_max_aliases=0)
+    mid = remember(g, HOMETOWN, ["hometown", "Busan"])
+    hometown = key_id(g, "hometown")
+    weak_reads(g, "birthplace", mid, hometown, 4)
+    assert aliases_of(g, hometown) == ()
 
 
-def test_autokey_off_learns_nothing(
-    tmp_path: Path,
-    embedder: Embedder,
-    analyzer: Analyzer,  # noqa: F811
-    clock: FakeClock,
-) -> None:
-    g = open_graph(
-        tmp_path / "keymem.db",
-        embedder,
-        Settings(data_dir=tmp_path, autokey=False),
-        clock,
-        analyzer,
-    )
-    try:
-        mid = remember(g, HOMETOWN, ["hometown", "Busan"])
-        hometown = key_id(g, "hometown")
-        weak_reads(g, "birthplace", mid, hometown, 4)
-        assert candidates(g) == [] and aliases_of(g, hometown) == ()
-    finally:
-        g.close()
+def test_autokey_off_learns_nothing(graph_with: GraphFactory) -> None:  # noqa: F811
+    g = graph_with(autokey=False)
+    mid = remember(g, HOMETOWN, ["hometown", "Busan"])
+    hometown = key_id(g, "hometown")
+    weak_reads(g, "birthplace", mid, hometown, 4)
+    assert candidates(g) == [] and aliases_of(g, hometown) == ()
 
 
 def test_a_learned_alias_never_hit_is_pruned_after_the_prune_age(
