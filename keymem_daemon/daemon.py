@@ -11,6 +11,9 @@ The order is what makes a data directory single-writer and a restart safe:
 4. publish ``daemon.json`` (pid, port, token, version, started_at) -- only now can a
    client find the daemon, and connecting already works (the socket listens) -- and
    serve: ``/health`` answers ``starting`` until the load is done, then ``ready``;
+   Beside it starts the warm shim (``python -m keymem_shim._forkserver``, unless
+   ``KEYMEM_WARM_SHIM=false``), which hosts' ``keymem-shim`` processes hand their stdio to;
+   it follows the daemon's life (it also exits by itself if the daemon is killed);
 5. on SIGTERM/SIGINT/SIGHUP, ``/v1/shutdown`` or idle exit: uvicorn stops accepting and
    lets in-flight requests finish; then the scheduler stops, the store drains its queued
    writes and checkpoints, ``daemon.json`` goes (if it still names this pid) and the lock
@@ -30,6 +33,8 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from types import FrameType
@@ -54,6 +59,8 @@ PRIVATE_UMASK: Final = 0o077
 GRACEFUL_SHUTDOWN_TIMEOUT: Final = 30
 """Seconds uvicorn waits for in-flight requests after a stop request before cancelling them."""
 KEEP_ALIVE_TIMEOUT: Final = 5
+WARM_SHIM_STOP_GRACE: Final = 5.0
+"""Seconds the warm shim gets to close its socket after SIGTERM before it is killed."""
 LOADER_JOIN_TIMEOUT: Final = 10.0
 """At exit, how long to wait for a load still in progress (a model download may run long)."""
 
@@ -90,6 +97,7 @@ class Daemon:
         self._fingerprint: str | None = None
         self._token = secrets.token_urlsafe(32)
         self._stop_requested = False
+        self._warm_shim: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
         settings = self.settings
@@ -132,6 +140,7 @@ class Daemon:
                 os.getpid(),
                 settings.data_dir,
             )
+            self._start_warm_shim()
             if self._stop_requested:  # a signal arrived while starting: start, then stop at once
                 self._server.should_exit = True
             self._server.run(sockets=[sock])
@@ -171,6 +180,32 @@ class Daemon:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT,
         )
         return uvicorn.Server(config)
+
+    def _start_warm_shim(self) -> None:
+        if not self.settings.warm_shim:
+            return
+        # Its stderr is ours (the log file, or the terminal of ``keymemd run``).
+        try:
+            self._warm_shim = subprocess.Popen(
+                [sys.executable, "-m", "keymem_shim._forkserver"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={**os.environ, "KEYMEM_DATA_DIR": str(self.settings.data_dir)},
+                close_fds=True,
+            )
+        except OSError as exc:
+            logger.warning("no warm shim (hosts' shims will import the MCP SDK themselves): %s", exc)
+
+    def _stop_warm_shim(self) -> None:
+        process = self._warm_shim
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(WARM_SHIM_STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
     def _idle_for(self) -> float:
         return self._activity.idle_for() if self._activity is not None else 0.0
@@ -218,6 +253,7 @@ class Daemon:
         """Everything after serving; True when the lock may be released now."""
         with self._lock:
             self._closing = True
+        self._stop_warm_shim()
         if self._maintenance is not None:
             self._maintenance.shutdown()
         clean = True

@@ -11,7 +11,11 @@ the MCP SDK is imported, and the ``initialize`` answer waits for the daemon only
 before its models are loaded. A daemon that is not up by then is reported by the tool
 calls, and the instructions fall back to the daemon's text without live counts.
 
-Only ``main()`` is public. Logs go to stderr: stdout is the MCP stream.
+Even the SDK import is usually skipped: when keymemd keeps a warm shim (``_forkserver``),
+``main()`` hands this process's stdio to a forked copy of it that has everything imported,
+and ``serve()`` runs there.
+
+``main()`` and ``serve()`` are public. Logs go to stderr: stdout is the MCP stream.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from keymem_daemon.config import Settings
+
+__all__ = ["main", "serve"]
 
 STARTUP_WAIT: Final = 3.0
 """Seconds from start until the shim serves MCP whether or not a daemon answers."""
@@ -44,37 +51,58 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _host_cwd(settings: Settings) -> str | None:
+    """``KEYMEM_HOST_CWD`` if set (empty: none), else the directory the host started us in."""
+    if settings.host_cwd is not None:
+        return settings.host_cwd or None
+    try:
+        return os.getcwd()
+    except OSError:  # the host's directory was deleted
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the shim until the host closes stdin (console script ``keymem-shim``)."""
+    """Run the shim until the host closes stdin (console script ``keymem-shim``).
+
+    With a warm shim running beside the daemon, this process hands its stdio over and only
+    waits; otherwise it serves the session itself.
+    """
     started = time.monotonic()
     _arguments(argv)
 
-    import logging
-
     from keymem_daemon.config import Settings
     from keymem_daemon.errors import KeymemError
-    from keymem_shim._client import (
-        Bootstrap,
-        DaemonClient,
-        HostIdentity,
-        Launcher,
-        current_directory,
-    )
+    from keymem_shim import _forkserver
 
     try:
         settings = Settings.from_env(os.environ)
     except KeymemError as exc:
         print(f"keymem-shim: {exc.message}", file=sys.stderr)
         raise SystemExit(1) from None
+    cwd = _host_cwd(settings)
+    if settings.warm_shim:
+        code = _forkserver.hand_over(settings.data_dir, cwd=cwd)
+        if code is not None:
+            raise SystemExit(code)
+    serve(settings, started=started, cwd=cwd)
+
+
+def serve(settings: Settings, *, started: float, cwd: str | None) -> None:
+    """Serve one host session on this process's stdin/stdout until the host closes stdin."""
+    import logging
+
+    from keymem_shim._client import Bootstrap, DaemonClient, HostIdentity, Launcher
+
     # Only keymem's own loggers follow KEYMEM_LOG_LEVEL: httpx would log every request.
+    # ``force``: a forked warm shim replaces the fork server's handler with this one.
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.WARNING,
         format="keymem-shim[%(process)d] %(levelname)s %(name)s: %(message)s",
+        force=True,
     )
     for name in ("keymem_shim", "keymem_daemon"):
         logging.getLogger(name).setLevel(settings.log_level.upper())
-    cwd = current_directory() if settings.host_cwd is None else (settings.host_cwd or None)
     identity = HostIdentity.from_env(os.environ, cwd=cwd, hook_installed=settings.hook_installed)
     launcher = Launcher(settings)
     bootstrap = Bootstrap(launcher, identity, deadline=started + STARTUP_WAIT)

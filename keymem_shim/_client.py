@@ -111,14 +111,6 @@ class HostIdentity:
         return out
 
 
-def current_directory() -> str | None:
-    """The host's working directory (the shim inherits it); None if it was deleted."""
-    try:
-        return os.getcwd()
-    except OSError:
-        return None
-
-
 # -- finding and starting the daemon (blocking; runs in threads) ----------------------------
 
 

@@ -10,8 +10,13 @@ wall clock grows with the load, the CPU time much less.
 - ``import keymem_shim._client``: the shim's own code (config, runtime, httpx).
 - ``import mcp.server.lowlevel``: the MCP SDK alone.
 - ``import keymem_shim._server``: everything the shim imports before it serves.
-- ``initialize, daemon running``: spawn ``python -m keymem_shim`` -> ``initialize`` answer.
+- ``initialize, daemon running``: spawn ``python -m keymem_shim`` -> ``initialize`` answer;
+  the launcher hands its stdio to the daemon's warm shim (``KEYMEM_WARM_SHIM``).
+- ``initialize, daemon running, in-process``: the same with ``KEYMEM_WARM_SHIM=false`` in the
+  shim's environment: it imports the MCP SDK and serves itself (the fallback path).
 - ``tools/list`` and ``tools/call recall``: one round trip each, after ``initialize``.
+- memory (Linux): RSS and private (unshared) memory of the warm shim, of one forked session
+  and of one in-process shim, read from ``/proc/<pid>/smaps_rollup`` after ``initialize``.
 - ``initialize, cold autostart``: the same on an empty data dir: the shim starts keymemd.
 - ``first tool call, cold``: from spawn to the first successful ``recall`` on that empty
   data dir (includes loading the models).
@@ -43,6 +48,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from keymem_daemon import runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning
+from keymem_shim import _forkserver as forkserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import percentile  # noqa: E402
@@ -84,7 +90,36 @@ def timed_process(args: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-async def one_session(env: dict[str, str], *, calls: bool, until_ready: bool = False) -> dict[str, float]:
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """RSS and private (not shared with any other process) memory of ``pid``, in MB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, value = line.split(":", 1)
+        fields[name] = int(value.split()[0]) / 1024
+    private = fields["Private_Clean"] + fields["Private_Dirty"]
+    return {"rss_mb": round(fields["Rss"], 1), "private_mb": round(private, 1)}
+
+
+def session_process(parent: int) -> int:
+    """The process serving the session that ``parent`` (the warm shim or this script) started."""
+    (pid,) = [c for c in children(parent) if b"keymem_shim" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return pid
+
+
+async def one_session(
+    env: dict[str, str],
+    *,
+    calls: bool,
+    until_ready: bool = False,
+    probe: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """Spawn the shim, initialize; optionally time tools/list and a recall too."""
     params = StdioServerParameters(command=sys.executable, args=["-m", "keymem_shim"], env=env)
     out: dict[str, float] = {}
@@ -96,6 +131,8 @@ async def one_session(env: dict[str, str], *, calls: bool, until_ready: bool = F
         ):
             await session.initialize()
             out["initialize"] = time.perf_counter() - started
+            if probe is not None:
+                probe()
             if calls:
                 t = time.perf_counter()
                 await session.list_tools()
@@ -113,6 +150,15 @@ async def one_session(env: dict[str, str], *, calls: bool, until_ready: bool = F
     return out
 
 
+def wait_for_warm_shim(data_dir: Path, timeout: float = 30.0) -> None:
+    """The daemon starts its warm shim beside itself; it listens once it has imported the SDK."""
+    deadline = time.monotonic() + timeout
+    while not forkserver.socket_path(data_dir).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no warm shim socket in {data_dir} after {timeout:g} s")
+        time.sleep(0.05)
+
+
 def stop(data_dir: Path) -> None:
     try:
         info = runtime.read_daemon_info(data_dir)
@@ -123,6 +169,7 @@ def stop(data_dir: Path) -> None:
 
 def run(runs: int, cold_runs: int) -> dict[str, Any]:
     results: dict[str, list[float]] = {}
+    memory: dict[str, dict[str, float]] = {}
 
     def add(name: str, value: float) -> None:
         results.setdefault(name, []).append(value)
@@ -145,12 +192,29 @@ def run(runs: int, cold_runs: int) -> dict[str, Any]:
 
         settings = Settings.from_env(env)
         runtime.start_daemon(settings, timeout=60)
+        in_process = {**env, "KEYMEM_WARM_SHIM": "false"}
         try:
+            wait_for_warm_shim(warm_dir)
+            if Path("/proc/self/smaps_rollup").exists():
+                daemon = runtime.read_daemon_info(warm_dir).pid
+                server = session_process(daemon)
+                memory["warm shim"] = memory_mb(server)
+
+                def forked() -> None:
+                    memory["one forked session"] = memory_mb(session_process(server))
+
+                def own() -> None:
+                    memory["one in-process shim"] = memory_mb(session_process(os.getpid()))
+
+                anyio.run(partial(one_session, env, calls=False, probe=forked))
+                anyio.run(partial(one_session, in_process, calls=False, probe=own))
             for _ in range(runs):
                 timings = anyio.run(partial(one_session, env, calls=True))
                 add("initialize, daemon running", timings["initialize"])
                 add("tools/list round trip", timings["tools_list"])
                 add("tools/call recall round trip", timings["tools_call"])
+                timings = anyio.run(partial(one_session, in_process, calls=False))
+                add("initialize, daemon running, in-process", timings["initialize"])
         finally:
             stop(warm_dir)
 
@@ -169,6 +233,7 @@ def run(runs: int, cold_runs: int) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         "measurements": {name: summary(values) for name, values in results.items()},
+        "memory": memory,
     }
 
 
@@ -178,6 +243,10 @@ def render(report: dict[str, Any], write: Callable[[str], object]) -> None:
     write(f"{'measurement':<40}{'p50 ms':>10}{'p95 ms':>10}{'min ms':>10}{'runs':>6}\n")
     for name, row in report["measurements"].items():
         write(f"{name:<40}{row['p50_ms']:>10.1f}{row['p95_ms']:>10.1f}{row['min_ms']:>10.1f}{row['runs']:>6}\n")
+    if report["memory"]:
+        write(f"{'memory after initialize':<40}{'RSS MB':>10}{'private':>10}\n")
+        for name, row in report["memory"].items():
+            write(f"{name:<40}{row['rss_mb']:>10.1f}{row['private_mb']:>10.1f}\n")
 
 
 def main() -> None:

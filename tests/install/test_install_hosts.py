@@ -91,11 +91,17 @@ def host_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def shim_process(data_dir: Path) -> int | None:
-    """The running keymem-shim serving ``data_dir`` (Linux /proc), if any."""
+    """The keymem-shim the host spawned for ``data_dir`` (Linux /proc), if any.
+
+    Not the daemon's warm shim nor its forks: /proc shows the environment they were started
+    with, the daemon's, not the one a fork received from the host's shim.
+    """
     for pid in processes_mentioning(str(data_dir)):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
+            continue
+        if b"keymem_shim._forkserver" in cmdline:
             continue
         if b"keymem-shim" in cmdline or b"keymem_shim" in cmdline:
             return pid

