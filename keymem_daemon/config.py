@@ -298,6 +298,11 @@ class Settings:
         return self.log_dir / "daemon.log"
 
     @property
+    def warm_shim_socket(self) -> Path:
+        """Where the daemon's warm shim (``keymem_shim._forkserver``) takes hosts' shims' stdio."""
+        return self.data_dir / "shim.sock"
+
+    @property
     def backup_dir(self) -> Path:
         return self.data_dir / "backups"
 

@@ -195,6 +195,9 @@ class Daemon:
             )
         except OSError as exc:
             logger.warning("no warm shim (hosts' shims will import the MCP SDK themselves): %s", exc)
+            return
+        logger.info("warm shim started (pid %d); hosts' shims hand their stdio to %s", self._warm_shim.pid,
+                    self.settings.warm_shim_socket)
 
     def _stop_warm_shim(self) -> None:
         process = self._warm_shim

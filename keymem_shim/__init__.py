@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     cwd = _host_cwd(settings)
     if settings.warm_shim:
-        code = _forkserver.hand_over(settings.data_dir, cwd=cwd)
+        code = _forkserver.hand_over(settings.warm_shim_socket, cwd=cwd)
         if code is not None:
             raise SystemExit(code)
     serve(settings, started=started, cwd=cwd)

@@ -43,7 +43,6 @@ from keymem_daemon.config import Settings
 
 logger = logging.getLogger(__name__)
 
-SOCKET_FILE: Final = "shim.sock"
 HANDOFF_TIMEOUT: Final = 2.0
 """Seconds the launcher waits for a forked shim to take its descriptors before serving itself."""
 PARENT_POLL: Final = 1.0
@@ -51,10 +50,6 @@ PARENT_POLL: Final = 1.0
 MAX_REQUEST_BYTES: Final = 1 << 20
 """A hand-over request is an environment and a path; anything larger is not a launcher."""
 STDIO: Final = (0, 1, 2)
-
-
-def socket_path(data_dir: Path) -> Path:
-    return data_dir / SOCKET_FILE
 
 
 def _read_message(reader: BinaryIO) -> dict[str, Any] | None:
@@ -75,9 +70,8 @@ def _send_message(conn: socket.socket, message: dict[str, Any]) -> None:
 # -- the launcher's side -----------------------------------------------------------------------
 
 
-def hand_over(data_dir: Path, *, cwd: str | None) -> int | None:
-    """Have the warm shim serve this process's stdio; its exit code, or None to serve here."""
-    path = socket_path(data_dir)
+def hand_over(path: Path, *, cwd: str | None) -> int | None:
+    """Have the warm shim on ``path`` serve this process's stdio; its exit code, or None to serve here."""
     if not hasattr(socket, "send_fds") or not path.exists():
         return None
     request = {"version": __version__, "cwd": cwd, "environ": dict(os.environ)}
@@ -250,7 +244,7 @@ def run(settings: Settings) -> int:
         level=logging.WARNING,
         format="keymem-shim warm[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    path = socket_path(settings.data_dir)
+    path = settings.warm_shim_socket
     try:
         listener = _listen(path)
     except OSError as exc:  # an over-long data dir path, say: hosts' shims serve in-process

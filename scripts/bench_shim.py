@@ -48,7 +48,6 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from keymem_daemon import runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning
-from keymem_shim import _forkserver as forkserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import percentile  # noqa: E402
@@ -153,7 +152,7 @@ async def one_session(
 def wait_for_warm_shim(data_dir: Path, timeout: float = 30.0) -> None:
     """The daemon starts its warm shim beside itself; it listens once it has imported the SDK."""
     deadline = time.monotonic() + timeout
-    while not forkserver.socket_path(data_dir).exists():
+    while not Settings.from_env({"KEYMEM_DATA_DIR": str(data_dir)}).warm_shim_socket.exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"no warm shim socket in {data_dir} after {timeout:g} s")
         time.sleep(0.05)

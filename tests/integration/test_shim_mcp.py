@@ -30,8 +30,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 from keymem_daemon import runtime
+from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning
-from keymem_shim import _forkserver as forkserver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -155,9 +155,13 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in text.split()]
 
 
+def warm_shim_socket(daemon: DaemonProcess) -> Path:
+    return Settings.from_env(daemon.env).warm_shim_socket
+
+
 def warm_shim_of(daemon: DaemonProcess) -> int:
     """The pid of the daemon's warm shim, once it listens on ``<data>/shim.sock``."""
-    socket_file = daemon.data_dir / forkserver.SOCKET_FILE
+    socket_file = warm_shim_socket(daemon)
     wait_for(socket_file.exists, READY_TIMEOUT, message=f"{socket_file}\n{daemon.log()}")
     (pid,) = children(daemon.pid)
     assert b"keymem_shim._forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -626,7 +630,7 @@ async def test_the_warm_shim_never_imports_a_model_library(daemon: DaemonProcess
     Its forked shims inherit the flag and write to the launcher's stderr, so the two logs
     together name everything a warm session loaded.
     """
-    socket_file = daemon.data_dir / forkserver.SOCKET_FILE
+    socket_file = warm_shim_socket(daemon)
     wait_for(socket_file.exists, READY_TIMEOUT, message=str(socket_file))
     previous = socket_file.stat().st_ino
     server_log = tmp_path / "warm.err"
@@ -715,7 +719,7 @@ def test_the_warm_shim_follows_its_daemon(daemons: DaemonFactory, tmp_path: Path
     server = warm_shim_of(first)
     first.kill()
     wait_for(lambda: not runtime.pid_alive(server), EXIT_TIMEOUT, message=f"warm shim {server} to exit")
-    assert not (first.data_dir / forkserver.SOCKET_FILE).exists()
+    assert not warm_shim_socket(first).exists()
 
     second = daemons.start()
     successor = warm_shim_of(second)
@@ -724,14 +728,14 @@ def test_the_warm_shim_follows_its_daemon(daemons: DaemonFactory, tmp_path: Path
         assert end_session(launcher) == 0
     daemons.stop(second)
     assert not runtime.pid_alive(successor)
-    assert not (second.data_dir / forkserver.SOCKET_FILE).exists()
+    assert not warm_shim_socket(second).exists()
 
 
 def test_the_warm_shim_refuses_another_version_and_survives_malformed_hand_overs(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     server = warm_shim_of(daemon)
-    path = str(daemon.data_dir / forkserver.SOCKET_FILE)
+    path = str(warm_shim_socket(daemon))
     with socket.socket(socket.AF_UNIX) as conn:
         conn.connect(path)
         conn.sendall(b"not json, and no descriptors\n")
@@ -757,7 +761,7 @@ def test_the_warm_shim_refuses_another_version_and_survives_malformed_hand_overs
 
 def test_a_launcher_serves_itself_when_nothing_listens_on_the_socket(daemons: DaemonFactory, tmp_path: Path) -> None:
     daemon = daemons.start(KEYMEM_WARM_SHIM="false")
-    socket_file = daemon.data_dir / forkserver.SOCKET_FILE
+    socket_file = warm_shim_socket(daemon)
     assert not socket_file.exists()
     with socket.socket(socket.AF_UNIX) as dead:  # what a killed warm shim leaves behind
         dead.bind(str(socket_file))

@@ -102,6 +102,7 @@ def test_service_files_run_this_python_with_the_data_dir(tmp_path: Path) -> None
     assert f'ExecStart="{sys.executable}" -m keymem_daemon run' in unit
     assert f'Environment="KEYMEM_DATA_DIR={tmp_path}/a dir %%h"' in unit  # % is a systemd specifier
     assert "Restart=on-failure" in unit and "WantedBy=default.target" in unit
+    assert "KillMode=process" in unit  # a restart leaves the host sessions' forked shims alone
     plist = plistlib.loads(launchd_plist(settings).encode())
     assert plist["EnvironmentVariables"]["KEYMEM_DATA_DIR"] == str(tmp_path / "a dir %h")
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
