@@ -190,7 +190,7 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "How long keymemd start (and the shim) wait for the daemon to listen."),
     Variable("KEYMEM_WARM_SHIM", "warm_shim", parse_bool, "true",
              "keymemd keeps a warm keymem-shim (<data>/shim.sock) that hosts' shims hand their "
-             "stdio to: initialize in about 0.12 s instead of the MCP SDK's ~0.5 s import. "
+             "stdio to: initialize in about 0.1 s instead of the MCP SDK's ~0.5 s import. "
              "false: no warm shim, and shims always serve in-process."),
     Variable("KEYMEM_HOST_CWD", "host_cwd", _text, "(the shim's working directory)",
              "The user's project directory as the shim reports it; the plugin launcher sets it "
