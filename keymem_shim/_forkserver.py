@@ -17,9 +17,11 @@ answer within ``HANDOFF_TIMEOUT``) and the launcher serves in-process: slower, n
 The fork server follows its daemon: it exits when its parent is gone or stops it, and a new
 daemon's fork server takes the socket path over (``os.replace``), so a stale one never answers.
 
-Wire format on the Unix socket: the launcher sends one JSON line (``version``, ``cwd``,
-``environ``) carrying three descriptors; the forked shim answers ``{"pid": n}`` once it owns
-them and ``{"exit": code}`` when it is done; a refusal is ``{"refused": reason}``.
+Wire format on the Unix socket, one JSON object per line: the launcher sends ``version``,
+``cwd`` and ``environ`` carrying three descriptors; the forked shim answers ``{"pid": n}``
+once it holds them; the launcher commits with ``{"go": true}`` (a launcher that gave up
+waiting closes instead, and the fork exits without reading anything), and the forked shim
+ends with ``{"exit": code}``. A refusal is ``{"refused": reason}``.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def hand_over(path: Path, *, cwd: str | None) -> int | None:
             if answer is not None and "refused" in answer:
                 print(f"keymem-shim: the warm shim refused: {answer['refused']}", file=sys.stderr)
             return None
+        try:
+            _send_message(sock, {"go": True})
+        except OSError:
+            return None  # the forked shim is gone before serving anything
         # From here the forked shim owns the session; this process only waits for its end.
         sock.settimeout(None)
         try:
@@ -145,7 +151,7 @@ def _receive(conn: socket.socket) -> _Request:
 
 
 def _exit_when_launcher_goes(conn: socket.socket) -> None:
-    """The launcher never writes after its request: EOF here means the host killed it."""
+    """The launcher never writes after its go: EOF here means the host killed it."""
     with contextlib.suppress(OSError):
         conn.recv(1)
     os._exit(0)
@@ -165,8 +171,14 @@ def _serve_session(conn: socket.socket, request: _Request) -> int:
     if request.cwd is not None:
         with contextlib.suppress(OSError):
             os.chdir(request.cwd)
-    conn.settimeout(None)
+    # Serve only on the launcher's go: one that gave up waiting serves the session itself,
+    # and two servers must never read the same stdin.
+    conn.settimeout(HANDOFF_TIMEOUT)
     _send_message(conn, {"pid": os.getpid()})
+    go = _read_message(conn.makefile("rb"))
+    if go is None or go.get("go") is not True:
+        return 1
+    conn.settimeout(None)
     threading.Thread(target=_exit_when_launcher_goes, args=(conn,), daemon=True).start()
     code = 1
     try:

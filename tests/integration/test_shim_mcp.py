@@ -29,7 +29,7 @@ from conftest import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from keymem_daemon import runtime
+from keymem_daemon import __version__, runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning
 
@@ -757,6 +757,28 @@ def test_the_warm_shim_refuses_another_version_and_survives_malformed_hand_overs
     with initialized_launcher(daemon.env, tmp_path / "shim.err") as launcher:
         assert len(children(server)) == 1
         assert end_session(launcher) == 0
+
+
+def test_a_fork_whose_launcher_gave_up_exits_without_reading_stdin(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """A launcher that stopped waiting serves itself; the late fork must not read its stdin too."""
+    server = warm_shim_of(daemon)
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    message = json.dumps(INITIALIZE).encode() + b"\n"
+    try:
+        os.write(stdin_w, message)
+        request = {"version": __version__, "cwd": str(tmp_path), "environ": daemon.env}
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(warm_shim_socket(daemon)))
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [stdin_r, stdout_w, stdout_w])
+            forked = json.loads(conn.makefile("rb").readline())["pid"]
+            assert forked in children(server)
+        # Closed without a go.
+        wait_for(lambda: forked not in children(server), EXIT_TIMEOUT, message=f"forked shim {forked} to exit")
+        assert os.read(stdin_r, 65536) == message  # nobody read the host's request
+    finally:
+        for fd in (stdin_r, stdin_w, stdout_r, stdout_w):
+            os.close(fd)
 
 
 def test_a_launcher_serves_itself_when_nothing_listens_on_the_socket(daemons: DaemonFactory, tmp_path: Path) -> None:
