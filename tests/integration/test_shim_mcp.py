@@ -181,7 +181,10 @@ async def test_the_ten_tools_work_end_to_end_through_the_shim(
     daemon: DaemonProcess, tmp_path: Path, warm: bool
 ) -> None:
     server = await anyio.to_thread.run_sync(warm_shim_of, daemon)
-    env = daemon.env if warm else {**daemon.env, "KEYMEM_WARM_SHIM": "false"}
+    # The host's identity reaches the daemon from a forked shim as from an in-process one.
+    env = {**daemon.env, "CLAUDE_CODE_SESSION_ID": CLAUDE_SESSION}
+    if not warm:
+        env["KEYMEM_WARM_SHIM"] = "false"
     with anyio.fail_after(DEADLINE):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             assert shim.init.server_info.name == "keymem"
@@ -207,6 +210,7 @@ async def test_the_ten_tools_work_end_to_end_through_the_shim(
             assert [m["memory_id"] for m in handles["memories"]] == [memory_id]
             full = await shim.ok("read_memory", memory_id=memory_id, via_key_id=key_id)
             assert full["memory"]["content"] == "The deploy target for Nexora is Fly.io."
+            assert full["memory"]["source"]["host_session"] == CLAUDE_SESSION
 
             corrected = await shim.ok("correct", memory_id=memory_id, content="The deploy target for Nexora is Render.")
             new_id = corrected["new_id"]
