@@ -187,7 +187,7 @@ class Daemon:
         # Its stderr is ours (the log file, or the terminal of ``keymemd run``).
         try:
             self._warm_shim = subprocess.Popen(
-                [sys.executable, "-m", "keymem_shim._forkserver"],
+                [sys.executable, "-m", "keymem_shim._forkserver", str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 env={**os.environ, "KEYMEM_DATA_DIR": str(self.settings.data_dir)},

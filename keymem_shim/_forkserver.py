@@ -247,8 +247,14 @@ def _listen(path: Path) -> socket.socket:
     return listener
 
 
-def run(settings: Settings) -> int:
-    """Serve hand-overs on ``<data>/shim.sock`` until the parent daemon goes or stops us."""
+def run(settings: Settings, *, parent: int) -> int:
+    """Serve hand-overs on ``<data>/shim.sock`` until the daemon ``parent`` goes or stops us.
+
+    The daemon passes its pid: one killed before this process got this far has already
+    made init its parent, and a parent read here would be that one.
+    """
+    if os.getppid() != parent:
+        return 0
     from keymem_shim import _server  # noqa: F401 -- the imports every forked shim inherits
 
     logging.basicConfig(
@@ -263,7 +269,6 @@ def run(settings: Settings) -> int:
         logger.warning("no warm shim for %s: %s", settings.data_dir, exc)
         return 1
     inode = os.stat(path).st_ino
-    parent = os.getppid()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(0)
@@ -290,4 +295,4 @@ def run(settings: Settings) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run(Settings.from_env(os.environ)))
+    raise SystemExit(run(Settings.from_env(os.environ), parent=int(sys.argv[1])))

@@ -82,6 +82,21 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def warm_shims(data_dir: Path) -> list[int]:
+    """Live warm shims started for ``data_dir``, and their forks (Linux /proc; else none)."""
+    needle = f"KEYMEM_DATA_DIR={data_dir}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"keymem_shim._forkserver" not in (entry / "cmdline").read_bytes():
+                continue
+            if needle in (entry / "environ").read_bytes().split(b"\0") and runtime.pid_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 @dataclass
 class DaemonProcess:
     """One ``keymemd run`` process and how to talk to it."""
@@ -219,6 +234,13 @@ class DaemonFactory:
                     daemon.process.kill()
                     daemon.process.wait(timeout=EXIT_TIMEOUT)
                 problems.append(f"pid {daemon.pid}: {exc}")
+        # The warm shim goes with its daemon, however the daemon ended.
+        try:
+            wait_for(lambda: not warm_shims(self.data_dir), EXIT_TIMEOUT, message="the warm shims to exit")
+        except pytest.fail.Exception as exc:
+            problems.append(str(exc))
+            for pid in warm_shims(self.data_dir):
+                os.kill(pid, signal.SIGKILL)
         if self.started and self.started[-1].expect_clean_exit:
             info_file = self.data_dir / runtime.INFO_FILE
             if info_file.exists():

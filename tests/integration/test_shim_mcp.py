@@ -25,7 +25,15 @@ import anyio
 import httpx
 import mcp.types as types
 import pytest
-from conftest import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from conftest import (
+    EXIT_TIMEOUT,
+    READY_TIMEOUT,
+    DaemonFactory,
+    DaemonProcess,
+    isolated_env,
+    wait_for,
+    warm_shims,
+)
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
@@ -98,8 +106,9 @@ def started_by_shim(tmp_path: Path) -> Iterator[Path]:
     try:
         # A daemon that failed to load exits by itself, maybe a moment after saying so.
         wait_for(lambda: not daemon_pids(data_dir), EXIT_TIMEOUT, message="the daemons to exit")
+        wait_for(lambda: not warm_shims(data_dir), EXIT_TIMEOUT, message="the warm shims to exit")
     finally:
-        for pid in daemon_pids(data_dir):
+        for pid in daemon_pids(data_dir) + warm_shims(data_dir):
             os.kill(pid, signal.SIGKILL)
     assert outcome in ("shutdown", "not_running"), f"the daemon had to be {outcome}"
 
@@ -640,7 +649,7 @@ async def test_the_warm_shim_never_imports_a_model_library(daemon: DaemonProcess
     server_log = tmp_path / "warm.err"
     with open(server_log, "wb") as sink:
         server = subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "keymem_shim._forkserver"],
+            [sys.executable, "-X", "importtime", "-m", "keymem_shim._forkserver", str(os.getpid())],
             env=daemon.env,
             stdin=subprocess.DEVNULL,
             stderr=sink,
@@ -733,6 +742,17 @@ def test_the_warm_shim_follows_its_daemon(daemons: DaemonFactory, tmp_path: Path
     daemons.stop(second)
     assert not runtime.pid_alive(successor)
     assert not warm_shim_socket(second).exists()
+
+
+def test_a_warm_shim_whose_daemon_died_while_it_started_exits(daemons: DaemonFactory) -> None:
+    """Killed before the warm shim has imported the SDK: it must not adopt init as its daemon."""
+    process, _output = daemons.spawn()
+    try:
+        (server,) = wait_for(lambda: warm_shims(daemons.data_dir), READY_TIMEOUT, message="a warm shim process")
+    finally:
+        process.kill()
+        process.wait(EXIT_TIMEOUT)
+    wait_for(lambda: not runtime.pid_alive(server), EXIT_TIMEOUT, message=f"warm shim {server} to exit")
 
 
 def test_the_warm_shim_refuses_another_version_and_survives_malformed_hand_overs(
