@@ -182,7 +182,7 @@ class Daemon:
         return uvicorn.Server(config)
 
     def _start_warm_shim(self) -> None:
-        if not self.settings.warm_shim:
+        if not self.settings.warm_shim or not hasattr(os, "fork"):  # it forks: POSIX only
             return
         # Its stderr is ours (the log file, or the terminal of ``keymemd run``).
         try:
