@@ -11,9 +11,9 @@ The order is what makes a data directory single-writer and a restart safe:
 4. publish ``daemon.json`` (pid, port, token, version, started_at) -- only now can a
    client find the daemon, and connecting already works (the socket listens) -- and
    serve: ``/health`` answers ``starting`` until the load is done, then ``ready``;
-   Beside it starts the warm shim (``python -m keymem_shim._forkserver``, unless
-   ``KEYMEM_WARM_SHIM=false``), which hosts' ``keymem-shim`` processes hand their stdio to;
-   it follows the daemon's life (it also exits by itself if the daemon is killed);
+   beside it the daemon starts its warm shim (``python -m keymem_shim._forkserver``, unless
+   ``KEYMEM_WARM_SHIM=false``), to which hosts' ``keymem-shim`` processes hand their stdio;
+   it lives as long as the daemon (and exits by itself if the daemon is killed);
 5. on SIGTERM/SIGINT/SIGHUP, ``/v1/shutdown`` or idle exit: uvicorn stops accepting and
    lets in-flight requests finish; then the scheduler stops, the store drains its queued
    writes and checkpoints, ``daemon.json`` goes (if it still names this pid) and the lock
