@@ -297,6 +297,7 @@ def status(state: CliState, as_json: bool) -> None:
         "links": stats.get("links"),
         "reranker": stats.get("reranker"),
         "downloads": stats.get("downloads"),
+        "warm_shim": str(settings.warm_shim_socket) if settings.warm_shim_socket.exists() else None,
     }
     if health.get("error"):
         data["error"] = health["error"]
@@ -312,6 +313,8 @@ def status(state: CliState, as_json: bool) -> None:
     if isinstance(data["reranker"], dict):
         detail = data["reranker"].get("detail")
         lines.append(f"  reranker:  {data['reranker'].get('state')}" + (f" ({detail})" if detail else ""))
+    warm = data["warm_shim"] or "none (hosts' shims import the MCP SDK themselves)"
+    lines.append(f"  warm shim: {warm}")
     if data.get("error"):
         lines.append(f"  error:     {data['error']}")
     emit(as_json, data, lines)

@@ -82,6 +82,10 @@ def test_start_is_a_no_op_when_running_and_status_reports_it(cli: Cli, stopped_a
     assert report["embedder"] and report["reranker"]["state"] == "disabled"
     human = cli("status")
     assert "ready on http://127.0.0.1:" in human.stdout and "0 memories" in human.stdout
+    socket_file = Path(report["data_dir"]) / "shim.sock"
+    wait_for(socket_file.exists, READY_TIMEOUT, message="the warm shim's socket")
+    assert json.loads(cli("status", "--json").stdout)["warm_shim"] == str(socket_file)
+    assert f"warm shim: {socket_file}" in cli("status").stdout
 
 
 def test_status_and_stop_without_a_daemon(cli: Cli) -> None:
