@@ -82,19 +82,30 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def live_processes() -> Iterator[tuple[int, bytes, bytes]]:
+    """``(pid, cmdline, environ)`` of every live process but this one, as /proc has them
+    (NUL-separated); none without /proc or for processes whose files cannot be read."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if runtime.pid_alive(pid):
+            yield pid, cmdline, environ
+
+
 def warm_shims(data_dir: Path) -> list[int]:
     """Live warm shims started for ``data_dir``, and their forks (Linux /proc; else none)."""
     needle = f"KEYMEM_DATA_DIR={data_dir}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if b"keymem_shim._forkserver" not in (entry / "cmdline").read_bytes():
-                continue
-            if needle in (entry / "environ").read_bytes().split(b"\0") and runtime.pid_alive(int(entry.name)):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return [
+        pid
+        for pid, cmdline, environ in live_processes()
+        if b"keymem_shim._forkserver" in cmdline and needle in environ.split(b"\0")
+    ]
 
 
 @dataclass

@@ -39,6 +39,7 @@ from typing import Any, Final
 
 import mcp.types as types
 import pytest
+from conftest import live_processes
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from keymem_daemon import runtime
@@ -363,21 +364,7 @@ async def run_server(command: McpCommand, errlog: Path) -> AsyncIterator[Server]
 
 def processes_mentioning(needle: str) -> list[int]:
     """Live processes whose command line or environment mentions ``needle`` (Linux /proc)."""
-    found = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            blob = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if needle.encode() in blob and ") Z " not in state:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, cmdline, environ in live_processes() if needle.encode() in cmdline + b"\0" + environ]
 
 
 def stop_daemon(data_dir: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import CLI_TIMEOUT, READY_TIMEOUT, DaemonFactory, isolated_env, wait_for
+from conftest import CLI_TIMEOUT, READY_TIMEOUT, DaemonFactory, isolated_env, live_processes, wait_for
 
 from keymem_daemon import __version__, runtime
 
@@ -33,21 +33,14 @@ def stopped_at_end(cli: Cli, tmp_path: Path) -> Iterator[None]:
 def _daemon_pids(data_dir: Path) -> list[int]:
     """Every live ``keymem_daemon run`` process serving ``data_dir`` (from /proc)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
+    for pid, raw_cmdline, environ in live_processes():
+        cmdline = raw_cmdline.split(b"\0")
         if (
             b"keymem_daemon" in cmdline
             and b"run" in cmdline
-            and runtime.pid_alive(int(entry.name))
             and (str(data_dir).encode() in b" ".join(cmdline) or f"KEYMEM_DATA_DIR={data_dir}".encode() in environ)
         ):
-            pids.append(int(entry.name))
+            pids.append(pid)
     return pids
 
 

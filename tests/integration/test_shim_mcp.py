@@ -31,6 +31,7 @@ from conftest import (
     DaemonFactory,
     DaemonProcess,
     isolated_env,
+    live_processes,
     wait_for,
     warm_shims,
 )
@@ -80,18 +81,12 @@ def anyio_backend() -> str:
 
 def daemon_pids(data_dir: Path) -> list[int]:
     """Live keymem daemons started for ``data_dir`` by ``keymemd start`` (the shim's way)."""
-    pids = []
     needle = str(data_dir).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
+    pids = []
+    for pid, cmdline, _environ in live_processes():
         args = cmdline.split(b"\0")
-        if b"keymem_daemon" in args and needle in args and runtime.pid_alive(int(entry.name)):
-            pids.append(int(entry.name))
+        if b"keymem_daemon" in args and needle in args:
+            pids.append(pid)
     return pids
 
 
