@@ -40,7 +40,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from keymem_daemon import __version__, logs, runtime
+from keymem_daemon import __version__, allocators, logs, runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import Conflict
 from keymem_daemon.scheduler import Maintenance
@@ -101,6 +101,7 @@ class Daemon:
 
     def run(self) -> int:
         settings = self.settings
+        allocators.configure()
         os.umask(PRIVATE_UMASK)
         settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         logs.prepare_log_dir(settings)

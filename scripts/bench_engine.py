@@ -62,14 +62,17 @@ def build(size: int) -> tuple[Path, float]:
 
 def measure(data: Path, ops: int) -> dict[str, Any]:
     """Open the store at ``data`` in this (fresh) process and time the operations."""
+    from keymem_daemon import allocators
     from keymem_daemon.config import Settings
     from keymem_daemon.engine import retrieval
     from keymem_daemon.engine.graph import MemoryGraph
     from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
 
-    single_threaded_blas()  # as the daemon does
+    # As the daemon does: allocator settings, one BLAS thread, the piece table on disk.
+    allocators.configure()
+    single_threaded_blas()
     settings = Settings(data_dir=data, rerank="false")
-    embedder = CachedEmbedder(UseEmbedder())
+    embedder = CachedEmbedder(UseEmbedder(settings.models_dir))
     before = rss_mb()
     t0 = time.perf_counter()
     graph = MemoryGraph.open(settings.db_path, embedder, settings)

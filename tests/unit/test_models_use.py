@@ -1,0 +1,88 @@
+"""The embedded default embedder (USE multilingual v3): its piece table kept in a file,
+and the allocator settings the daemon applies before Kiwi loads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keymem_daemon.config import Settings
+from keymem_daemon.models.embedders import PieceTableFile, UseEmbedder, load_embedder
+
+pytestmark = pytest.mark.timeout(120)
+
+# Repeated pieces within one batch, Hangul, Latin, a text longer than one micro-batch.
+TEXTS = ["배포를 금요일 저녁에 해도 되나요?", "the billing API deploy", "deploy deploy deploy", "x",
+         "Newton, apple, fruit and strawberries. " * 60] + [f"note {i}: kafka queue latency" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def in_memory() -> np.ndarray:
+    return UseEmbedder().embed(TEXTS)
+
+
+def table_file(directory: Path) -> Path:
+    (path,) = directory.glob("use-multilingual-v3-*.table")
+    return path
+
+
+def test_the_piece_table_in_a_file_embeds_exactly_as_in_memory(tmp_path: Path, in_memory: np.ndarray) -> None:
+    embedder = UseEmbedder(tmp_path)
+    assert np.array_equal(embedder.embed(TEXTS), in_memory)
+    # 128,010 pieces of 512 one-byte dimensions, written once, and no longer held in memory.
+    assert table_file(tmp_path).stat().st_size == 128_010 * 512
+    assert isinstance(embedder._model._model.table, PieceTableFile)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray, damage: str) -> None:
+    UseEmbedder(tmp_path)
+    path = table_file(tmp_path)
+    if damage == "truncate":
+        os.truncate(path, 4096)
+    else:
+        with path.open("r+b") as f:
+            f.seek(12_345_678)
+            byte = f.read(1)
+            f.seek(12_345_678)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    assert np.array_equal(UseEmbedder(tmp_path).embed(TEXTS), in_memory)
+    assert table_file(tmp_path).stat().st_size == 128_010 * 512
+
+
+def test_a_table_dir_that_cannot_be_made_keeps_the_table_in_memory(
+    tmp_path: Path, in_memory: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "models"
+    blocker.write_text("a file where the directory would go")
+    with caplog.at_level(logging.WARNING):
+        embedder = UseEmbedder(blocker)
+    assert np.array_equal(embedder.embed(TEXTS), in_memory)
+    assert "stays in memory" in caplog.text
+
+
+def test_the_daemons_default_embedder_keeps_its_table_under_the_models_dir(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, rerank="false")
+    load_embedder(settings)
+    assert table_file(settings.models_dir).is_file()
+
+
+def mimalloc_options(env: dict[str, str]) -> str:
+    """What Kiwi's allocator reports as its options, after allocators.configure() ran."""
+    code = "from keymem_daemon import allocators; allocators.configure(); import kiwipiepy"
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, "MIMALLOC_VERBOSE": "1"},
+                          capture_output=True, text=True, timeout=60, check=True)
+    return proc.stderr
+
+
+def test_kiwis_allocator_returns_freed_pages_at_once_unless_the_user_chose(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+    assert "option 'purge_delay': 0" in mimalloc_options(env)
+    assert "option 'purge_delay': 25" in mimalloc_options({**env, "MIMALLOC_PURGE_DELAY": "25"})
