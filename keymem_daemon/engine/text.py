@@ -140,9 +140,13 @@ class Analyzer:
                     from kiwipiepy import Kiwi
 
                     logger.info("loading the Kiwi Korean analyser")
-                    # The multi-word and typo dictionaries add ~180 MB and change nothing
-                    # for short memory texts; the default morpheme model is kept.
-                    kiwi = Kiwi(num_workers=-1, load_multi_dict=False, load_typo_dict=False)
+                    # Only the morpheme model and its language model are loaded. The multi-word
+                    # and typo dictionaries add ~180 MB and change nothing for short memory
+                    # texts. The default dictionary (113k proper nouns from Wikipedia titles)
+                    # adds 50 MB, an eighth of the daemon, and moved one of 192 queries of
+                    # scripts/bench_korean.py; it also splits Korean names (김서연 -> 김/서/연).
+                    kiwi = Kiwi(num_workers=-1, load_default_dict=False, load_multi_dict=False,
+                                load_typo_dict=False)
                     kiwi.tokenize("준비")
                     self._kiwi = kiwi
         return self._kiwi

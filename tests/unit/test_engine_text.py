@@ -70,6 +70,11 @@ def test_a_korean_compound_keeps_its_nouns_as_subwords(analyzer: Analyzer) -> No
     assert {"코드리뷰", "코드", "리뷰"} <= set(tokens)
 
 
+def test_a_korean_name_stays_one_word_whatever_its_particle(analyzer: Analyzer) -> None:  # noqa: F811
+    # Kiwi's default dictionary of proper nouns split 김서연 into 김/서/연; keymem does not load it.
+    assert analyzer.index_tokens("김서연은") == analyzer.index_tokens("김서연에게") == ["김서연"]
+
+
 def test_latin_words_are_stemmed_so_inflections_meet(analyzer: Analyzer) -> None:  # noqa: F811
     assert (
         analyzer.index_tokens("deployments")
