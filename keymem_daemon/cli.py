@@ -20,14 +20,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
 
 import click
-import httpx
 
 from keymem_daemon import __version__, logs, runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning, KeymemError
+
+if TYPE_CHECKING:
+    # Imported where a command makes a request: ``keymemd run`` is the daemon, which makes
+    # none and would carry httpx for nothing (see runtime.py).
+    import httpx
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,6 +121,8 @@ def _ready_daemon(settings: Settings) -> runtime.DaemonInfo:
 
 
 def _client(info: runtime.DaemonInfo, timeout: float = REQUEST_TIMEOUT) -> httpx.Client:
+    import httpx
+
     return httpx.Client(
         base_url=info.url,
         headers=info.headers,
@@ -254,6 +260,8 @@ def status(state: CliState, as_json: bool) -> None:
     \b
         keymemd status --json
     """
+    import httpx
+
     settings = state.settings()
     try:
         info = runtime.read_daemon_info(settings.data_dir)

@@ -188,6 +188,17 @@ def test_runtime_imports_nothing_heavy() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_the_daemon_imports_no_http_client() -> None:
+    # It answers requests and makes none; httpx (with its own CLI's rich and pygments) would
+    # cost it 5 MB resident.
+    code = (
+        "import sys; import keymem_daemon.cli, keymem_daemon.daemon, keymem_daemon.api, keymem_daemon.service; "
+        "print([m for m in ('httpx', 'rich', 'pygments') if m in sys.modules])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 def test_the_daemon_socket_is_tcp_on_loopback_only() -> None:
     from keymem_daemon.daemon import bind
 
