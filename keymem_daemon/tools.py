@@ -406,8 +406,9 @@ TOOLS: Final[tuple[Tool, ...]] = (
     Tool("cleanup_expired", "Delete expired memories now (the daemon also does it every hour).", {}, (),
          _cleanup_expired, "full"),
     Tool("recall_memories",
-         "Direct hybrid recall: memory contents ranked by lexical, key-path and semantic evidence fused with "
-         "RRF, depth and freshness, expanded along narrow keys for `hops`. Reinforces what it returns.",
+         "Direct hybrid recall: memory contents ranked by how much of the query they cover (in their text or "
+         "through their keys) and by meaning, weighted by depth and freshness, expanded along narrow keys for "
+         "`hops`. Reinforces what it returns.",
          {"query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
           "namespace": _NS, "hops": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
           "min_rel_score": {"type": "number", "minimum": 0, "maximum": 0.9},

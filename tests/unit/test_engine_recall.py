@@ -1,6 +1,6 @@
 """Recall: the ``recall`` tool (ranked key clusters plus one passive Top-1 memory, or
-``no_match`` with nearest keys), hybrid recall (lexical + key path + dense, RRF, depth and
-freshness, hops, task-evidence selection, named dates) and the push path."""
+``no_match`` with nearest keys), hybrid recall (lexical + key path + dense, scored on query
+coverage and cosine, depth and freshness, hops, task-evidence selection, named dates) and the push path."""
 
 # Fixtures are imported from engine_fixtures and named as test parameters.
 # ruff: noqa: F811
