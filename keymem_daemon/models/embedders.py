@@ -134,7 +134,6 @@ class PieceTableFile:
     """
 
     def __init__(self, path: Path, table: npt.NDArray[np.uint8]) -> None:
-        self.shape = table.shape
         self._row_bytes = int(table.shape[1])
         if not _same_bytes(path, table):
             path.parent.mkdir(parents=True, exist_ok=True)
