@@ -57,7 +57,6 @@ from keymem_daemon.engine.keys import (
     cross_script,
     language_uniform,
     sanitize_keys,
-    script_of,
 )
 from keymem_daemon.engine.model import (
     BatchItem,
@@ -90,7 +89,7 @@ from keymem_daemon.engine.model import (
 )
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.store import Store, Tx, rows_in
-from keymem_daemon.engine.text import Analyzer, default_analyzer, normalize, normalize_namespace
+from keymem_daemon.engine.text import Analyzer, default_analyzer, normalize, normalize_namespace, script_of
 from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.models.embedders import Embedder, ThresholdProfile

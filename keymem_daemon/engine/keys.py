@@ -22,7 +22,7 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from keymem_daemon.engine.text import has_hangul, is_short_concept, is_single_cjk, normalize
+from keymem_daemon.engine.text import is_short_concept, is_single_cjk, normalize, script_of
 from keymem_daemon.engine.vectors import Snapshot, VectorTable
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.models.embedders import ThresholdProfile
@@ -49,17 +49,6 @@ _CALENDAR: Final = {
         ("june", "jun"), ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"),
         ("october", "oct"), ("november", "nov"), ("december", "dec")), start=1) for name in names},
 }
-_LATIN = re.compile(r"[a-zA-Z]")
-
-
-def script_of(text: str) -> Literal["hangul", "latin", "other"]:
-    if has_hangul(text):
-        return "hangul"
-    if _LATIN.search(text):
-        return "latin"
-    return "other"
-
-
 def cross_script(a: str, b: str) -> bool:
     return {script_of(a), script_of(b)} == {"hangul", "latin"}
 

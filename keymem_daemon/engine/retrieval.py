@@ -32,7 +32,6 @@ import numpy as np
 import numpy.typing as npt
 
 from keymem_daemon.engine.dates import Window, find_window
-from keymem_daemon.engine.keys import script_of
 from keymem_daemon.engine.model import (
     CompactKey,
     ConnectedKey,
@@ -51,6 +50,7 @@ from keymem_daemon.engine.text import (
     literal_candidates,
     normalize,
     query_terms,
+    script_of,
     truncate,
 )
 from keymem_daemon.engine.vectors import top_indices
@@ -763,10 +763,15 @@ def relevance(coverage: float, cosine: float) -> float:
 
 def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
                     memories: Sequence[Memory],
-                    link_map: Mapping[str, Mapping[str, tuple[float, bool]]] | None = None) -> dict[str, float]:
+                    link_map: Mapping[str, Mapping[str, tuple[float, bool]]] | None = None,
+                    cross: Mapping[str, float] | None = None) -> dict[str, float]:
     """The IDF-weighted share of the query's tokens each memory covers: a token counts when
     it occurs in the memory's text or keys, or -- at its cosine -- when one of the memory's
-    keys means it (``hurt`` is covered by a memory keyed ``injury``)."""
+    keys means it (``hurt`` is covered by a memory keyed ``injury``). For the CROSS_POOL
+    memories of ``cross`` (id -> body cosine) with the most evidence so far, a token also
+    counts -- at its cosine, from the translation bar up -- when a content word of the
+    memory's text written in the other script means it (``friday`` is covered by a memory
+    that says ``금요일``)."""
     tokens = [t for t in plan.weights if plan.weights[t] > 0]
     if not memories or not tokens:
         return {m.id: 0.0 for m in memories}
@@ -797,7 +802,7 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
     touched = set(np.flatnonzero(soft.any(axis=0)).tolist())
     soft_of: dict[str, list[float]] = {k: soft[:, column[k]].tolist() for k in key_ids if column[k] in touched}
     token_weights = weights.tolist()
-    out: dict[str, float] = {}
+    matches: dict[str, list[float]] = {}
     for m in memories:
         words = texts.get(m.rowid, set())
         match = [1.0 if t in words else 0.0 for t in tokens]
@@ -805,8 +810,63 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
             key_sims = soft_of.get(kid)
             if key_sims is not None:
                 match = [max(a, b) for a, b in zip(match, key_sims, strict=True)]
-        out[m.id] = sum(w * x for w, x in zip(token_weights, match, strict=True)) / total
-    return out
+        matches[m.id] = match
+    if cross and with_vectors:
+        def prior(m: Memory) -> float:
+            base = float(sum(w * x for w, x in zip(token_weights, matches[m.id], strict=True))) / total
+            return base + DENSE_WEIGHT * max(0.0, cross[m.id])
+
+        pool = sorted((m for m in memories if m.id in cross), key=lambda m: -prior(m))[:CROSS_POOL]
+        _cross_script_words(graph, plan, tokens, pool, matches)
+    return {mid: sum(w * x for w, x in zip(token_weights, match, strict=True)) / total
+            for mid, match in matches.items()}
+
+
+# Cross-script words are weighed for at most this many candidates (those with the most
+# evidence from text, keys and body cosine): a word first seen costs an embedding.
+CROSS_POOL: Final = 30
+# A memory's text read for its words: enough for a memory, bounded for the word cache.
+CROSS_TEXT_CHARS: Final = 1000
+
+
+def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[str], memories: Sequence[Memory],
+                        matches: dict[str, list[float]]) -> None:
+    """Raise each memory's match of a query token it does not hold lexically to the best
+    cosine between the token and a word of its text in the other script, when that reaches
+    the profile's translation bar (the same bar a key in the other script must clear)."""
+    bar = graph.profile.translation_pair
+    scripts = [script_of(t) if t in plan.token_vectors else "other" for t in tokens]
+    wanted: dict[str, list[tuple[int, tuple[str, ...]]]] = {}
+    vocab: dict[str, None] = {}
+    for m in memories:
+        match = matches[m.id]
+        open_tokens = [i for i, t in enumerate(tokens) if match[i] < 1.0 and scripts[i] in ("hangul", "latin")]
+        if not open_tokens:
+            continue
+        hangul, latin = graph.analyzer.content_words(m.content[:CROSS_TEXT_CHARS])
+        todo = []
+        for i in open_tokens:
+            other = latin if scripts[i] == "hangul" else hangul
+            if other:
+                todo.append((i, other))
+                vocab.update(dict.fromkeys(other))
+        if todo:
+            wanted[m.id] = todo
+    if not vocab:
+        return
+    words = list(vocab)
+    row = {w: j for j, w in enumerate(words)}
+    asked = sorted({i for todo in wanted.values() for i, _ in todo})
+    sims = np.stack([plan.token_vectors[tokens[i]] for i in asked]) @ graph.embedder.embed(words).T
+    token_row = {i: r for r, i in enumerate(asked)}
+    sims = np.where(sims >= bar, sims, 0.0).tolist()
+    for mid, todo in wanted.items():
+        match = matches[mid]
+        for i, other in todo:
+            line = sims[token_row[i]]
+            best = max(line[row[w]] for w in other)
+            if best > match[i]:
+                match[i] = best
 
 
 def same_episode(a: Memory, b: Memory) -> bool:
@@ -895,8 +955,13 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         for mid in set(cands) - {m.id for m in live}:
             del cands[mid]
         link_map = links_of(conn, cands)
-        cover = coverage_scores(graph, conn, cue, live, link_map)
+        # Words of a memory written in the other script can cover the query's words only
+        # through its meaning; that is weighed for the memories the key path or the dense
+        # channel reached (a lexical-only candidate shares the query's script already).
         cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
+        cross = {m.id: float(max(cosines[m.id])) if m.id in cosines else 0.0 for m in live
+                 if any(v != "(bm25)" and v != "(date)" for v in cands[m.id].via)}
+        cover = coverage_scores(graph, conn, cue, live, link_map, cross)
         for m in live:
             c = cands[m.id]
             c.coverage = cover.get(m.id, 0.0)

@@ -21,14 +21,18 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 logger = logging.getLogger(__name__)
 
 _SPACE = re.compile(r"\s+")
 _HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 _LATIN_WORD = re.compile(r"[^\W_]+")
+_LATIN = re.compile(r"[a-zA-Z]")
 _CJK_SINGLE = re.compile(r"^[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3\u3040-\u30ff\u4e00-\u9fff]$")
+
+# Words of one script ``Analyzer.content_words`` keeps per text: each may cost an embedding.
+CONTENT_WORDS: Final = 24
 
 TRUNCATION_MARKER: Final = "\n…[truncated; use read_memory for full content]"
 
@@ -48,6 +52,14 @@ def normalize_namespace(value: str | None) -> str:
 
 def has_hangul(text: str) -> bool:
     return _HANGUL.search(text) is not None
+
+
+def script_of(text: str) -> Literal["hangul", "latin", "other"]:
+    if has_hangul(text):
+        return "hangul"
+    if _LATIN.search(text):
+        return "latin"
+    return "other"
 
 
 def is_single_cjk(text: str) -> bool:
@@ -227,6 +239,27 @@ class Analyzer:
     def key_tokens(self, text: str) -> tuple[str, ...]:
         """``index_tokens`` of a key's text, cached."""
         return tuple(self.index_tokens(text))
+
+    # Bounded by memory as much as by time: each entry holds a memory's text.
+    @lru_cache(maxsize=2048)  # noqa: B019 - the same memories meet prompt after prompt
+    def content_words(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The distinct content words of ``text`` by script, (Hangul, Latin): surface forms of
+        its nouns and their compound parts, no stopwords and nothing holding a digit (v2 and
+        worker12 have no translation to meet), at most CONTENT_WORDS of each."""
+        hangul: dict[str, None] = {}
+        latin: dict[str, None] = {}
+        for word in self.analyze(text):
+            if word.stop or not word.nominal:
+                continue
+            for form in (word.surface, *word.subs):
+                if any(ch.isdigit() for ch in form):
+                    continue
+                script = script_of(form)
+                if script == "hangul":
+                    hangul.setdefault(form)
+                elif script == "latin" and len(form) > 1:
+                    latin.setdefault(form)
+        return tuple(hangul)[:CONTENT_WORDS], tuple(latin)[:CONTENT_WORDS]
 
     @lru_cache(maxsize=50_000)  # noqa: B019
     def compact(self, text: str) -> str:

@@ -625,6 +625,35 @@ def test_inject_respects_its_scope(graph: MemoryGraph) -> None:
     ).memories
 
 
+CROSS_LINGUAL = [
+    ("결제 서비스 배포는 금요일 저녁에는 하지 않기로 했다. 김서연 팀장이 승인한다.",
+     ["배포", "deployment", "결제 서비스"]),
+    ("The search cluster is reindexed every night at 2am by the ops team.", ["search", "reindex"]),
+    ("팀 점심은 매주 수요일 열두 시 반에 회사 근처 국수집에서 먹는다.", ["점심", "회식"]),
+    ("Code reviews need two approvals before a merge to main.", ["code review", "merge"]),
+]
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("Can I deploy the payment service on Friday evening?", 0),  # English prompt, Korean memory
+    ("코드 리뷰는 승인이 몇 개 필요해?", 3),  # Korean prompt, English memory
+])
+def test_inject_surfaces_a_memory_written_in_the_other_language(
+        graph: MemoryGraph, prompt: str, expected: int) -> None:
+    # The words of a memory in the other script cover the prompt's words through their meaning
+    # (friday -> 금요일, 승인 -> approvals), not only the keys the memory was given.
+    ids_ = [remember(graph, content, keys) for content, keys in CROSS_LINGUAL]
+    result = retrieval.inject(graph, prompt, scope=None)
+    assert [m.id for m in result.memories][:1] == [ids_[expected]]
+
+
+@pytest.mark.parametrize("prompt", ["Explain quantum chromodynamics to me", "양자 색역학을 설명해 줘"])
+def test_inject_stays_silent_across_languages_when_nothing_fits(graph: MemoryGraph, prompt: str) -> None:
+    for content, keys in CROSS_LINGUAL:
+        remember(graph, content, keys)
+    assert retrieval.inject(graph, prompt, scope=None).memories == []
+
+
 def test_min_rel_score_drops_the_weak_tail(graph: MemoryGraph) -> None:
     ids_ = seed(graph)
     everything = ids(
