@@ -45,6 +45,7 @@ from keymem_daemon.engine.model import (
 )
 from keymem_daemon.engine.store import rows_in
 from keymem_daemon.engine.text import (
+    CONTENT_WORDS,
     Word,
     index_tokens_of,
     literal_candidates,
@@ -777,9 +778,10 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
         return {m.id: 0.0 for m in memories}
     total = sum(plan.weights[t] for t in tokens)
     weights = np.array([plan.weights[t] for t in tokens])
-    texts = {rowid: set(content.split()) | set(keys.split()) for rowid, content, keys in rows_in(
+    indexed = {rowid: (content.split(), keys.split()) for rowid, content, keys in rows_in(
         conn, "SELECT rowid, content_tokens, key_tokens FROM memory_fts WHERE rowid IN ({marks})",
         [m.rowid for m in memories])}
+    texts = {rowid: {*content, *keys} for rowid, (content, keys) in indexed.items()}
     if link_map is None:
         link_map = links_of(conn, [m.id for m in memories])
     key_ids = sorted({k for keys in link_map.values() for k in keys})
@@ -817,20 +819,29 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
             return base + DENSE_WEIGHT * max(0.0, cross[m.id])
 
         pool = sorted((m for m in memories if m.id in cross), key=lambda m: -prior(m))[:CROSS_POOL]
-        _cross_script_words(graph, plan, tokens, pool, matches)
+        hangul = {m.id: _hangul_words(indexed.get(m.rowid, ([], []))[0]) for m in pool}
+        _cross_script_words(graph, plan, tokens, pool, matches, hangul)
     return {mid: sum(w * x for w, x in zip(token_weights, match, strict=True)) / total
             for mid, match in matches.items()}
 
 
 # Cross-script words are weighed for at most this many candidates (those with the most
 # evidence from text, keys and body cosine): a word first seen costs an embedding.
-CROSS_POOL: Final = 30
-# A memory's text read for its words: enough for a memory, bounded for the word cache.
+CROSS_POOL: Final = 10
+# A memory's text read for its Latin words: enough for a memory, bounded for the word cache.
 CROSS_TEXT_CHARS: Final = 1000
 
 
+def _hangul_words(content_tokens: Sequence[str]) -> tuple[str, ...]:
+    """A memory's Hangul words, from its lexical index tokens: Kiwi already cut them out of its
+    text at write time (nominal stems, compound parts, predicate lemmas), and analysing the
+    text again cost more than the rest of hybrid recall's coverage step."""
+    words = dict.fromkeys(t for t in content_tokens if script_of(t) == "hangul" and not any(c.isdigit() for c in t))
+    return tuple(words)[:CONTENT_WORDS]
+
+
 def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[str], memories: Sequence[Memory],
-                        matches: dict[str, list[float]]) -> None:
+                        matches: dict[str, list[float]], hangul_words: Mapping[str, tuple[str, ...]]) -> None:
     """Raise each memory's match of a query token it does not hold lexically to the best
     cosine between the token and a word of its text in the other script, when that reaches
     the profile's translation bar (the same bar a key in the other script must clear)."""
@@ -843,7 +854,7 @@ def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[st
         open_tokens = [i for i, t in enumerate(tokens) if match[i] < 1.0 and scripts[i] in ("hangul", "latin")]
         if not open_tokens:
             continue
-        hangul, latin = graph.analyzer.content_words(m.content[:CROSS_TEXT_CHARS])
+        hangul, latin = hangul_words[m.id], graph.analyzer.latin_words(m.content[:CROSS_TEXT_CHARS])
         todo = []
         for i in open_tokens:
             other = latin if scripts[i] == "hangul" else hangul

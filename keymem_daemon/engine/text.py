@@ -31,7 +31,7 @@ _LATIN_WORD = re.compile(r"[^\W_]+")
 _LATIN = re.compile(r"[a-zA-Z]")
 _CJK_SINGLE = re.compile(r"^[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3\u3040-\u30ff\u4e00-\u9fff]$")
 
-# Words of one script ``Analyzer.content_words`` keeps per text: each may cost an embedding.
+# Words ``Analyzer.latin_words`` keeps per text: each may cost an embedding.
 CONTENT_WORDS: Final = 24
 
 TRUNCATION_MARKER: Final = "\n…[truncated; use read_memory for full content]"
@@ -242,24 +242,16 @@ class Analyzer:
 
     # Bounded by memory as much as by time: each entry holds a memory's text.
     @lru_cache(maxsize=2048)  # noqa: B019 - the same memories meet prompt after prompt
-    def content_words(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The distinct content words of ``text`` by script, (Hangul, Latin): surface forms of
-        its nouns and their compound parts, no stopwords and nothing holding a digit (v2 and
-        worker12 have no translation to meet), at most CONTENT_WORDS of each."""
-        hangul: dict[str, None] = {}
-        latin: dict[str, None] = {}
-        for word in self.analyze(text):
-            if word.stop or not word.nominal:
-                continue
-            for form in (word.surface, *word.subs):
-                if any(ch.isdigit() for ch in form):
-                    continue
-                script = script_of(form)
-                if script == "hangul":
-                    hangul.setdefault(form)
-                elif script == "latin" and len(form) > 1:
-                    latin.setdefault(form)
-        return tuple(hangul)[:CONTENT_WORDS], tuple(latin)[:CONTENT_WORDS]
+    def latin_words(self, text: str) -> tuple[str, ...]:
+        """The distinct Latin-script words of ``text`` as written (normalised, not stemmed: a
+        stem is a poor thing to embed), without stopwords or anything holding a digit (v2 and
+        worker12 have no translation to meet); at most CONTENT_WORDS. Never calls Kiwi."""
+        out: dict[str, None] = {}
+        for match in _LATIN_WORD.finditer(normalize(text)):
+            form = match.group()
+            if len(form) > 1 and form not in STOPWORDS and script_of(form) == "latin" and form.isalpha():
+                out.setdefault(form)
+        return tuple(out)[:CONTENT_WORDS]
 
     @lru_cache(maxsize=50_000)  # noqa: B019
     def compact(self, text: str) -> str:
