@@ -804,6 +804,10 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
     touched = set(np.flatnonzero(soft.any(axis=0)).tolist())
     soft_of: dict[str, list[float]] = {k: soft[:, column[k]].tolist() for k in key_ids if column[k] in touched}
     token_weights = weights.tolist()
+
+    def share(match: Sequence[float]) -> float:
+        return float(sum(w * x for w, x in zip(token_weights, match, strict=True))) / total
+
     matches: dict[str, list[float]] = {}
     for m in memories:
         words = texts.get(m.rowid, set())
@@ -814,15 +818,11 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
                 match = [max(a, b) for a, b in zip(match, key_sims, strict=True)]
         matches[m.id] = match
     if cross and with_vectors:
-        def prior(m: Memory) -> float:
-            base = float(sum(w * x for w, x in zip(token_weights, matches[m.id], strict=True))) / total
-            return base + DENSE_WEIGHT * max(0.0, cross[m.id])
-
-        pool = sorted((m for m in memories if m.id in cross), key=lambda m: -prior(m))[:CROSS_POOL]
+        pool = sorted((m for m in memories if m.id in cross),
+                      key=lambda m: -relevance(share(matches[m.id]), cross[m.id]))[:CROSS_POOL]
         hangul = {m.id: _hangul_words(indexed.get(m.rowid, ([], []))[0]) for m in pool}
         _cross_script_words(graph, plan, tokens, pool, matches, hangul)
-    return {mid: sum(w * x for w, x in zip(token_weights, match, strict=True)) / total
-            for mid, match in matches.items()}
+    return {mid: share(match) for mid, match in matches.items()}
 
 
 # Cross-script words are weighed for at most this many candidates (those with the most

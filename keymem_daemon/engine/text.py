@@ -31,7 +31,8 @@ _LATIN_WORD = re.compile(r"[^\W_]+")
 _LATIN = re.compile(r"[a-zA-Z]")
 _CJK_SINGLE = re.compile(r"^[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3\u3040-\u30ff\u4e00-\u9fff]$")
 
-# Words ``Analyzer.latin_words`` keeps per text: each may cost an embedding.
+# Words of one script a memory offers to cross-script matching (``Analyzer.latin_words``,
+# retrieval's Hangul words): each may cost an embedding.
 CONTENT_WORDS: Final = 24
 
 TRUNCATION_MARKER: Final = "\n…[truncated; use read_memory for full content]"
