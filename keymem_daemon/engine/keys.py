@@ -49,6 +49,8 @@ _CALENDAR: Final = {
         ("june", "jun"), ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"),
         ("october", "oct"), ("november", "nov"), ("december", "dec")), start=1) for name in names},
 }
+
+
 def cross_script(a: str, b: str) -> bool:
     return {script_of(a), script_of(b)} == {"hangul", "latin"}
 

@@ -95,7 +95,7 @@ def mimalloc_options(env: dict[str, str]) -> str:
     return proc.stderr
 
 
-def test_kiwis_allocator_returns_freed_pages_at_once_unless_the_user_chose(tmp_path: Path) -> None:
+def test_kiwis_allocator_returns_freed_pages_at_once_unless_the_user_chose() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     assert "option 'purge_delay': 0" in mimalloc_options(env)
     assert "option 'purge_delay': 25" in mimalloc_options({**env, "MIMALLOC_PURGE_DELAY": "25"})
