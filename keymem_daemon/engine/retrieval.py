@@ -26,6 +26,7 @@ import time
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -84,8 +85,9 @@ SOFT_KEY_MATCH: Final = 0.7
 DENSE_WEIGHT: Final = 0.6
 COMMON_SHARE: Final = 0.2
 MIN_CORPUS: Final = 100
-# A Korean predicate or adverb of the query weighs this share of its IDF in coverage
-# (Korean/English set, push path: R@5 .693 -> .734 with not-found unchanged; see plan_query).
+# A Korean predicate or adverb of the query, or what its "how" asks, weighs this share of
+# its IDF in coverage (Korean/English set, push path: R@5 .693 -> .740 with not-found
+# unchanged; see plan_query).
 PREDICATE_SHARE: Final = 0.25
 # Memories of one episode (observed within EPISODE_GAP of each other) share in the
 # evidence of the EPISODE_SEEDS best candidates, with this share of their score.
@@ -243,9 +245,12 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     total = max(total, MIN_CORPUS)
     # A Korean predicate or adverb says how a question asks (어디 사셔? 얼마나 올랐지?), its
     # nouns what it asks about: the memory that answers puts the former in other words
-    # ("live in Daejeon", "6% 인상"), so it weighs PREDICATE_SHARE of a noun. (English words
-    # carry no part of speech here and keep their full weight.)
-    predicates = {w.stem for w in words if not w.nominal} - {t for w in words if w.nominal for t in (w.stem, *w.subs)}
+    # ("live in Daejeon", "6% 인상"), so it weighs PREDICATE_SHARE of a noun. English words
+    # carry no part of speech here; only the property a "how" asks for (how long, how far)
+    # is weighed so, as the answer states it as a measure ("two weeks").
+    asked = {b.stem for a, b in pairwise(words) if a.surface == "how"}
+    predicates = ({w.stem for w in words if not w.nominal} | asked) - {
+        t for w in words if w.nominal and w.stem not in asked for t in (w.stem, *w.subs)}
     weights = {t: math.log(1.0 + (total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
                * (PREDICATE_SHARE if t in predicates else 1.0) for t in dict.fromkeys(tokens)}
     content = [w for w in words if not w.stop]

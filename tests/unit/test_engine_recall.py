@@ -659,23 +659,28 @@ KOREAN_PREDICATES = [
      ["parents", "부모님", "Daejeon", "대전"]),
     ("연봉 협상은 매년 3월에 하는데, 올해는 6% 인상됐다고 했다.", ["연봉", "salary", "협상"]),
     ("운전면허는 있지만 차는 없어서 주말에만 쏘카를 빌려 쓴다.", ["차", "운전", "쏘카"]),
+    ("Sprints last two weeks; planning is on Monday morning.", ["sprint", "스프린트", "planning"]),
 ]
 
 
-def test_a_korean_predicate_weighs_less_than_the_nouns_of_the_query(graph: MemoryGraph) -> None:
+def test_a_korean_predicate_or_what_a_how_asks_weighs_less_than_the_nouns_of_the_query(graph: MemoryGraph) -> None:
     plan = retrieval.plan_query(graph, "부모님은 어디 사셔?")
     nouns = [w.stem for w in plan.words if w.nominal and not w.stop]
     verbs = [w.stem for w in plan.words if not w.nominal]
     assert nouns == ["부모"] and verbs
     # Neither word is in the (empty) store, so their IDFs are equal before the predicate share.
     assert plan.weights[verbs[0]] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["부모"])
+    # English has no part of speech here, but a "how" names the property the answer measures.
+    plan = retrieval.plan_query(graph, "How long are our sprints?")
+    assert plan.weights["long"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["sprint"])
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
     ("부모님은 어디 사셔?", 0),  # "live in Daejeon": the memory puts the verb in other words
     ("연봉 얼마나 올랐지?", 1),  # 올랐지 -> 인상됐다
+    ("How long are our sprints?", 3),  # long -> two weeks
 ])
-def test_inject_surfaces_a_memory_that_answers_a_korean_question_in_other_words(
+def test_inject_surfaces_a_memory_that_answers_a_question_in_other_words(
         graph: MemoryGraph, prompt: str, expected: int) -> None:
     ids_ = [remember(graph, content, keys) for content, keys in KOREAN_PREDICATES]
     result = retrieval.inject(graph, prompt, scope=None)
