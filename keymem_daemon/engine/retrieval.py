@@ -53,6 +53,7 @@ from keymem_daemon.engine.text import (
     normalize,
     query_terms,
     script_of,
+    sound_skeleton,
     truncate,
 )
 from keymem_daemon.engine.vectors import top_indices
@@ -786,7 +787,8 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
     memories of ``cross`` (id -> body cosine) with the most evidence so far, a token also
     counts -- at its cosine, from the translation bar up -- when a content word of the
     memory's text written in the other script means it (``friday`` is covered by a memory
-    that says ``금요일``)."""
+    that says ``금요일``), and fully when that word is the token spelled in the other script
+    (``atlas`` and ``아틀라스``)."""
     tokens = [t for t in plan.weights if plan.weights[t] > 0]
     if not memories or not tokens:
         return {m.id: 0.0 for m in memories}
@@ -844,6 +846,12 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
 CROSS_POOL: Final = 10
 # A memory's text read for its Latin words: enough for a memory, bounded for the word cache.
 CROSS_TEXT_CHARS: Final = 1000
+# A query word and a memory's word in the other script with the same sound skeleton of at
+# least SOUND_ALIKE_CONSONANTS consonants, and at least this cosine, are one word
+# (Korean/English set: the push path across languages .478 -> .631, not-found unchanged;
+# with a floor of .25, 다음 "next" met team, both TM, and an unanswerable prompt got an answer).
+SOUND_ALIKE_FLOOR: Final = 0.4
+SOUND_ALIKE_CONSONANTS: Final = 2
 
 
 def _hangul_words(content_tokens: Sequence[str]) -> tuple[str, ...]:
@@ -858,7 +866,8 @@ def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[st
                         matches: dict[str, list[float]], hangul_words: Mapping[str, tuple[str, ...]]) -> None:
     """Raise each memory's match of a query token it does not hold lexically to the best
     cosine between the token and a word of its text in the other script, when that reaches
-    the profile's translation bar (the same bar a key in the other script must clear)."""
+    the profile's translation bar (the same bar a key in the other script must clear), or
+    to a full match when the word sounds the same (a loanword or name, ``sound_skeleton``)."""
     bar = graph.profile.translation_pair
     scripts = [script_of(t) if t in plan.token_vectors else "other" for t in tokens]
     wanted: dict[str, list[tuple[int, tuple[str, ...]]]] = {}
@@ -884,7 +893,15 @@ def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[st
     asked = sorted({i for todo in wanted.values() for i, _ in todo})
     sims = np.stack([plan.token_vectors[tokens[i]] for i in asked]) @ graph.embedder.embed(words).T
     token_row = {i: r for r, i in enumerate(asked)}
-    sims = np.where(sims >= bar, sims, 0.0).tolist()
+    # A word that sounds the same in the other script is the same word (a loanword or a
+    # name: 아틀라스 and Atlas), although the embedder may put it below the translation bar;
+    # it counts as fully matched when the two also share some meaning (SOUND_ALIKE_FLOOR).
+    surface = {t: t for t in tokens} | {w.stem: w.surface for w in reversed(plan.words)}
+    met = np.where(sims >= bar, sims, 0.0)
+    for r, j in zip(*np.nonzero((sims >= SOUND_ALIKE_FLOOR) & (sims < bar)), strict=True):
+        if _sound_alike(surface[tokens[asked[r]]], words[j]):
+            met[r, j] = 1.0
+    sims = met.tolist()
     for mid, todo in wanted.items():
         match = matches[mid]
         for i, other in todo:
@@ -892,6 +909,11 @@ def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[st
             best = max(line[row[w]] for w in other)
             if best > match[i]:
                 match[i] = best
+
+
+def _sound_alike(a: str, b: str) -> bool:
+    skeleton = sound_skeleton(a)
+    return len(skeleton) >= SOUND_ALIKE_CONSONANTS and skeleton == sound_skeleton(b)
 
 
 def same_episode(a: Memory, b: Memory) -> bool:

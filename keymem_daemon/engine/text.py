@@ -63,6 +63,48 @@ def script_of(text: str) -> Literal["hangul", "latin", "other"]:
     return "other"
 
 
+# Consonant classes of a word's sound, shared by both scripts so that a loanword or a name
+# written in Hangul and in Latin letters reduce to the same skeleton (아틀라스, atlas -> TLS).
+# Hangul: the 19 leading and 27 trailing consonants of a syllable in Unicode order (a lead
+# ㅇ is silent; a trailing ㅅ renders a final t in loanwords: 로봇, robot).
+_LEAD_SOUNDS: Final = ("K", "K", "N", "T", "T", "L", "M", "P", "P", "S", "S", "", "J", "J", "J", "K", "T", "P", "H")
+_TAIL_SOUNDS: Final = ("", "K", "K", "K", "N", "N", "N", "T", "L", "L", "L", "L", "L", "L", "L", "L", "M", "P", "P",
+                       "T", "T", "N", "T", "T", "K", "T", "P", "T")
+# Latin: spellings as Korean loanwords render them. Korean has no f, v, z or th (ㅍ, ㅂ, ㅈ,
+# ㅅ), writes no r after a vowel (server -> 서버) and no h but at the start; c and g soften
+# before e, i, y; vowels, w and y carry no consonant.
+_LATIN_SOUNDS: Final = re.compile(r"gg|ph|th|sh|ch|ck|ng|qu|x|r(?=[aeiouy])|^h|[cgjzvfbpdtkqlmns]")
+_LATIN_CLASS: Final = {"gg": "K", "ph": "P", "th": "S", "sh": "S", "ch": "J", "ck": "K", "ng": "N", "qu": "K",
+                       "x": "KS", "r": "L", "h": "H", "j": "J", "z": "J", "v": "P", "f": "P", "b": "P", "p": "P",
+                       "d": "T", "t": "T", "k": "K", "q": "K", "l": "L", "m": "M", "n": "N", "s": "S"}
+_RUNS: Final = re.compile(r"(.)\1+")
+
+
+@lru_cache(maxsize=50_000)
+def sound_skeleton(word: str) -> str:
+    """The consonants of how a (normalised) word sounds, in classes both scripts share, so a
+    loanword or name reads the same in Hangul and in Latin letters: 스테이징 and staging are
+    STJN, 하나 and hana HN, 프론트엔드 and frontend PLNTNT. Empty for other scripts."""
+    if has_hangul(word):
+        out = []
+        for ch in word:
+            code = ord(ch) - 0xAC00
+            if 0 <= code < 11172:
+                out.append(_LEAD_SOUNDS[code // 588] + _TAIL_SOUNDS[code % 28])
+        sounds = "".join(out)
+    else:
+        out = []
+        for m in _LATIN_SOUNDS.finditer(word):
+            form = m.group()
+            if form in ("c", "g"):
+                soft = word[m.end():m.end() + 1] in ("e", "i", "y")
+                out.append(("S" if form == "c" else "J") if soft else "K")
+            else:
+                out.append(_LATIN_CLASS[form])
+        sounds = "".join(out)
+    return _RUNS.sub(r"\1", sounds)
+
+
 def is_single_cjk(text: str) -> bool:
     """One Hangul/Han/Kana character: a meaningful key (집, 돈, 車) although one char long."""
     return _CJK_SINGLE.match(text) is not None

@@ -654,6 +654,28 @@ def test_inject_stays_silent_across_languages_when_nothing_fits(graph: MemoryGra
     assert retrieval.inject(graph, prompt, scope=None).memories == []
 
 
+SOUND_ALIKE = [
+    ("Prefers rebasing over merging when updating a feature branch.", ["rebase", "리베이스", "git"]),
+    ("Uses Firefox Developer Edition for frontend debugging.", ["browser", "브라우저", "Firefox"]),
+    ("도윤 인턴의 마지막 출근일은 8월 29일이고, 팀에서 송별 점심을 계획하고 있다.", ["최도윤", "인턴", "intern"]),
+    ("아틀라스 대시보드의 차트는 ECharts로 그린다.", ["차트", "대시보드"]),
+]
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("브랜치 업데이트할 때 리베이스랑 머지 중에 뭘 선호해?", 0),  # 브랜치 = branch, 머지 = merge
+    ("프론트엔드 디버깅할 때 브라우저는 뭐 써?", 1),  # 프론트엔드 = frontend, 디버깅 = debugging
+    ("When is intern Doyun's last day?", 2),  # Doyun = 도윤
+])
+def test_inject_reads_a_loanword_or_name_written_in_the_other_script_as_the_same_word(
+        graph: MemoryGraph, prompt: str, expected: int) -> None:
+    # The embedder puts these pairs just below the translation bar (브랜치/branch 0.53,
+    # 도윤/Doyun 0.48); they sound the same, so the memory covers the prompt's words.
+    ids_ = [remember(graph, content, keys) for content, keys in SOUND_ALIKE]
+    result = retrieval.inject(graph, prompt, scope=None)
+    assert [m.id for m in result.memories][:1] == [ids_[expected]]
+
+
 KOREAN_PREDICATES = [
     ("The user's parents live in Daejeon; the family visits them every Chuseok.",
      ["parents", "부모님", "Daejeon", "대전"]),

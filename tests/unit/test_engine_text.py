@@ -21,7 +21,7 @@ from engine_fixtures import (  # noqa: F401 - fixtures
 
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
-from keymem_daemon.engine.text import Analyzer, normalize, normalize_namespace
+from keymem_daemon.engine.text import Analyzer, normalize, normalize_namespace, sound_skeleton
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,6 +80,27 @@ def test_latin_words_are_a_texts_english_words_as_written(analyzer: Analyzer) ->
     # forms, not stems, no stopwords, nothing with a digit, no Hangul -- and no Kiwi involved.
     text = "결제 서비스 v2를 금요일에 배포했다. Deploy worker12 to the APIs, then deploy again"
     assert analyzer.latin_words(text) == ("deploy", "apis")
+
+
+@pytest.mark.parametrize(("hangul", "latin"), [
+    ("아틀라스", "atlas"), ("스테이징", "staging"), ("브랜치", "branch"), ("프론트엔드", "frontend"),
+    ("디버깅", "debugging"), ("커버리지", "coverage"), ("서비스", "service"), ("파이썬", "python"),
+    ("로봇", "robot"), ("쿠버네티스", "kubernetes"), ("헬름", "helm"), ("도윤", "doyun"), ("머지", "merge"),
+])
+def test_a_loanword_or_name_sounds_the_same_in_both_scripts(hangul: str, latin: str) -> None:
+    assert sound_skeleton(hangul) == sound_skeleton(latin) != ""
+
+
+@pytest.mark.parametrize(("a", "b"), [("스택", "staging"), ("아틀라스", "meridian"), ("자리", "hiring")])
+def test_different_words_have_different_sound_skeletons(a: str, b: str) -> None:
+    assert sound_skeleton(a) != sound_skeleton(b)
+
+
+def test_only_hangul_and_latin_letters_have_a_sound_skeleton() -> None:
+    assert sound_skeleton("東京") == sound_skeleton("2024") == ""
+    # A native word can share a loanword's skeleton (다음 "next", team: TM), which is why
+    # retrieval also asks the embedder for some kinship before it treats them as one word.
+    assert sound_skeleton("다음") == sound_skeleton("team")
 
 
 def test_latin_words_are_stemmed_so_inflections_meet(analyzer: Analyzer) -> None:  # noqa: F811
