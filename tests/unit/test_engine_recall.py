@@ -676,7 +676,7 @@ def test_inject_reads_a_loanword_or_name_written_in_the_other_script_as_the_same
     assert [m.id for m in result.memories][:1] == [ids_[expected]]
 
 
-KOREAN_PREDICATES = [
+ANSWERS_IN_OTHER_WORDS = [
     ("The user's parents live in Daejeon; the family visits them every Chuseok.",
      ["parents", "부모님", "Daejeon", "대전"]),
     ("연봉 협상은 매년 3월에 하는데, 올해는 6% 인상됐다고 했다.", ["연봉", "salary", "협상"]),
@@ -704,14 +704,14 @@ def test_a_korean_predicate_or_what_a_how_asks_weighs_less_than_the_nouns_of_the
 ])
 def test_inject_surfaces_a_memory_that_answers_a_question_in_other_words(
         graph: MemoryGraph, prompt: str, expected: int) -> None:
-    ids_ = [remember(graph, content, keys) for content, keys in KOREAN_PREDICATES]
+    ids_ = [remember(graph, content, keys) for content, keys in ANSWERS_IN_OTHER_WORDS]
     result = retrieval.inject(graph, prompt, scope=None)
     assert [m.id for m in result.memories][:1] == [ids_[expected]]
 
 
 def test_inject_stays_silent_when_the_noun_a_korean_question_is_about_is_missing(graph: MemoryGraph) -> None:
     # The memory is about the user's (absent) car, not the father's: the unmatched noun still counts.
-    for content, keys in KOREAN_PREDICATES:
+    for content, keys in ANSWERS_IN_OTHER_WORDS:
         remember(graph, content, keys)
     assert retrieval.inject(graph, "아버지는 무슨 차를 타셔?", scope=None).memories == []
 
