@@ -80,7 +80,8 @@ _LATIN_CLASS: Final = {"gg": "K", "ph": "P", "th": "S", "sh": "S", "ch": "J", "c
 _RUNS: Final = re.compile(r"(.)\1+")
 
 
-@lru_cache(maxsize=50_000)
+# Only word pairs the embedder already puts near each other are compared, a few per query.
+@lru_cache(maxsize=4096)
 def sound_skeleton(word: str) -> str:
     """The consonants of how a (normalised) word sounds, in classes both scripts share, so a
     loanword or name reads the same in Hangul and in Latin letters: 스테이징 and staging are
