@@ -7,6 +7,7 @@ coverage and cosine, depth and freshness, hops, task-evidence selection, named d
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from engine_fixtures import (  # noqa: F401 - fixtures
     DAY,
@@ -81,6 +82,15 @@ def test_bounded_maps_bm25_into_zero_to_one() -> None:
     assert bounded(0.0) == 0.0 and bounded(-3.0) == 0.0
     assert bounded(1.0) == 0.5
     assert 0.99 < bounded(200.0) < 1.0
+
+
+def test_a_repeat_yields_its_place_to_the_next_different_candidate() -> None:
+    # 1 says what 0 says (cosine 0.97); 2 is a little weaker but different.
+    sims = np.array([[1.0, 0.97, 0.3], [0.97, 1.0, 0.3], [0.3, 0.3, 1.0]], dtype=np.float32)
+    assert retrieval.without_repeats([1.0, 0.95, 0.9], sims, k=2) == [0, 2, 1]
+    # Below REDUNDANT_COSINE nothing is a repeat and the order stands.
+    sims[0, 1] = sims[1, 0] = retrieval.REDUNDANT_COSINE
+    assert retrieval.without_repeats([1.0, 0.95, 0.9], sims, k=2) == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -358,6 +368,18 @@ def test_hybrid_recall_fuses_lexical_key_and_dense_evidence(
         assert name in top, name
     scores = [h["score"] for h in hits]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_hybrid_recall_does_not_fill_its_places_with_one_fact_said_three_times(graph: MemoryGraph) -> None:
+    keys = ["Maria", "shelter", "volunteering"]
+    repeats = [remember(graph, text, keys) for text in (
+        "Maria volunteers at a homeless shelter downtown.",
+        "Maria volunteers at the downtown homeless shelter.",
+        "Maria has been volunteering at a homeless shelter downtown.")]
+    other = remember(graph, "Maria started volunteering at a dog shelter once a month.", keys)
+    hits = ids(retrieval.hybrid_recall(graph, "Which shelters does Maria volunteer at?", top_k=2,
+                                       reinforce=False).hits)
+    assert other in hits and len(set(hits) & set(repeats)) == 1
 
 
 def test_hybrid_recall_finds_a_word_that_only_the_content_holds(graph: MemoryGraph) -> None:
