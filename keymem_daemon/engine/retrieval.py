@@ -6,11 +6,13 @@ key could take in it, and its candidate terms -- content words, nouns inside com
 and adjacent pairs -- embedded in one batch. Keys are 1-2 words, so they are matched with
 those terms, not with the whole question's vector.
 
-Three channels find memories: lexical (SQLite FTS5 BM25 over content and key tokens), the
+Three channels find candidates: lexical (SQLite FTS5 BM25 over content and key tokens), the
 key path (keys the query reaches, weighted by how specific they are) and dense cosine over
-memory bodies. Reciprocal-rank fusion (K=60) merges them; depth and freshness modulate the
-result; a named date or period favours memories observed then; hops along narrow keys and
-explicit links add associated memories when the direct evidence is thin.
+memory bodies. Each candidate is then scored on its own evidence: the IDF-weighted share of
+the query it covers (in its text, through its keys, or through words of its text in the
+other script) plus its body cosine; depth and freshness modulate the result; a named date or
+period favours memories observed then; hops along narrow keys and explicit links add
+associated memories when the direct evidence is thin.
 
 The scoring helpers at the top are pure functions; the rest read through a ``MemoryGraph``.
 """
