@@ -152,19 +152,17 @@ def without_repeats(scores: Sequence[float], sims: npt.NDArray[np.float32], k: i
     the first ``k`` places goes to the candidate whose score, relative to the best, less how
     far its body cosine with one already placed exceeds REDUNDANT_COSINE, is highest; the
     rest follow in their order. ``sims`` holds the candidates' pairwise body cosines."""
-    top = scores[0] or 1.0
-    left = list(range(len(scores)))
+    values = np.asarray(scores, dtype=np.float64) / (scores[0] or 1.0)
+    repeat = np.zeros(len(values))
+    left = np.ones(len(values), dtype=bool)
     placed: list[int] = []
-
-    def value(i: int) -> float:
-        repeat = max((float(sims[i, j]) for j in placed), default=0.0)
-        return scores[i] / top - max(0.0, repeat - REDUNDANT_COSINE)
-
-    while left and len(placed) < k:
-        best = max(left, key=value)
+    for _ in range(min(k, len(values))):
+        gain = np.where(left, values - np.maximum(0.0, repeat - REDUNDANT_COSINE), -np.inf)
+        best = int(np.argmax(gain))  # the first of equals: ties keep their order
         placed.append(best)
-        left.remove(best)
-    return placed + left
+        left[best] = False
+        repeat = np.maximum(repeat, sims[best])
+    return placed + np.flatnonzero(left).tolist()
 
 
 def fts_query(tokens: Iterable[str]) -> str | None:
