@@ -86,15 +86,13 @@ def sound_skeleton(word: str) -> str:
     """The consonants of how a (normalised) word sounds, in classes both scripts share, so a
     loanword or name reads the same in Hangul and in Latin letters: 스테이징 and staging are
     STJN, 하나 and hana HN, 프론트엔드 and frontend PLNTNT. Empty for other scripts."""
+    out: list[str] = []
     if has_hangul(word):
-        out = []
         for ch in word:
             code = ord(ch) - 0xAC00
             if 0 <= code < 11172:
                 out.append(_LEAD_SOUNDS[code // 588] + _TAIL_SOUNDS[code % 28])
-        sounds = "".join(out)
     else:
-        out = []
         for m in _LATIN_SOUNDS.finditer(word):
             form = m.group()
             if form in ("c", "g"):
@@ -102,8 +100,7 @@ def sound_skeleton(word: str) -> str:
                 out.append(("S" if form == "c" else "J") if soft else "K")
             else:
                 out.append(_LATIN_CLASS[form])
-        sounds = "".join(out)
-    return _RUNS.sub(r"\1", sounds)
+    return _RUNS.sub(r"\1", "".join(out))
 
 
 def is_single_cjk(text: str) -> bool:
