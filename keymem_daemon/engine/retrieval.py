@@ -275,8 +275,8 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     # carry no part of speech here; only the property a "how" asks for (how long, how far)
     # is weighed so, as the answer states it as a measure ("two weeks").
     asked = {b.stem for a, b in pairwise(words) if a.surface == "how"}
-    predicates = ({w.stem for w in words if not w.nominal} | asked) - {
-        t for w in words if w.nominal and w.stem not in asked for t in (w.stem, *w.subs)}
+    nouns = {t for w in words if w.nominal and w.stem not in asked for t in (w.stem, *w.subs)}
+    predicates = ({w.stem for w in words if not w.nominal} | asked) - nouns
     weights = {t: math.log(1.0 + (total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
                * (PREDICATE_SHARE if t in predicates else 1.0) for t in dict.fromkeys(tokens)}
     content = [w for w in words if not w.stop]
