@@ -88,10 +88,12 @@ SOFT_KEY_MATCH: Final = 0.7
 DENSE_WEIGHT: Final = 0.6
 COMMON_SHARE: Final = 0.2
 MIN_CORPUS: Final = 100
-# A Korean predicate or adverb of the query, or what its "how" asks, weighs this share of
-# its IDF in coverage (Korean/English set, push path: R@5 .693 -> .740 with not-found
-# unchanged; see plan_query).
+# A Korean predicate or adverb of the query, or what an asking word asks for, weighs this
+# share of its IDF in coverage (Korean/English set, push path: R@5 .693 -> .740 with
+# not-found unchanged, and -> .797 with 몇/어떤/무슨/어느; see plan_query).
 PREDICATE_SHARE: Final = 0.25
+# Words that ask for the property or kind the next word names (how long, 몇 시간, 어떤 명령어).
+ASKING_WORDS: Final = frozenset({"how", "몇", "어떤", "무슨", "어느"})
 # Memories of one episode (observed within EPISODE_GAP of each other) share in the
 # evidence of the EPISODE_SEEDS best candidates, with this share of their score.
 EPISODE_SEEDS: Final = 5
@@ -271,10 +273,12 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     total = max(total, MIN_CORPUS)
     # A Korean predicate or adverb says how a question asks (어디 사셔? 얼마나 올랐지?), its
     # nouns what it asks about: the memory that answers puts the former in other words
-    # ("live in Daejeon", "6% 인상"), so it weighs PREDICATE_SHARE of a noun. English words
-    # carry no part of speech here; only the property a "how" asks for (how long, how far)
-    # is weighed so, as the answer states it as a measure ("two weeks").
-    asked = {b.stem for a, b in pairwise(words) if a.surface == "how"}
+    # ("live in Daejeon", "6% 인상"), so it weighs PREDICATE_SHARE of a noun. So does the
+    # word an asking word points at (how long, 어떤 명령어, 어느 저장소), as the answer
+    # gives the measure or the thing ("two weeks", "make rollback") without naming it.
+    # English words carry no part of speech here; an English "which" or "what" is left
+    # alone, as the word after it often starts a compound (which push provider).
+    asked = {b.stem for a, b in pairwise(words) if a.surface in ASKING_WORDS}
     nouns = {t for w in words if w.nominal and w.stem not in asked for t in (w.stem, *w.subs)}
     predicates = ({w.stem for w in words if not w.nominal} | asked) - nouns
     weights = {t: math.log(1.0 + (total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))

@@ -158,7 +158,8 @@ class Word:
 
     ``stem`` is the comparison form (Snowball stem, or a Korean nominal stem / predicate
     lemma); ``subs`` are the nouns inside a Korean compound; ``surface`` is the normalised
-    text the word came from, used when the word is embedded as a query term.
+    text the word came from, with any derivational suffix (초기화, whose stem is 초기), used
+    when the word is embedded as a query term.
     """
 
     stem: str
@@ -249,6 +250,7 @@ class Analyzer:
             else:
                 break
         words: list[Word] = []
+        rest = morphemes[len(block):]
         if block:
             begin = block[0].start - offset
             finish = block[-1].start + block[-1].len - offset
@@ -259,10 +261,14 @@ class Analyzer:
                 for m in block:
                     if m.tag in _SUBWORD_TAGS and len(m.form) >= 2:
                         subs.append(self.stem(m.form) if m.tag == "SL" else m.form)
+            # A derivational suffix makes another word (초기 "early stage" + 화 = 초기화 "reset"):
+            # the stem stays the comparison form, the whole word is what gets embedded.
+            if rest and rest[0].tag == "XSN":
+                finish = rest[0].start + rest[0].len - offset
+            spoken = surface[max(0, begin):max(begin + 1, finish)]
             if not has_hangul(stem):
-                stem = self.stem(stem)
-            words.append(Word(stem, stem, tuple(subs), weak or stem in STOPWORDS))
-        rest = morphemes[len(block):]
+                stem = spoken = self.stem(stem)
+            words.append(Word(stem, spoken, tuple(subs), weak or stem in STOPWORDS))
         for m in rest:
             if m.tag in _PREDICATE_TAGS:
                 words.append(Word(m.form, m.form, (), m.form in STOPWORDS, nominal=False))

@@ -704,10 +704,15 @@ ANSWERS_IN_OTHER_WORDS = [
     ("연봉 협상은 매년 3월에 하는데, 올해는 6% 인상됐다고 했다.", ["연봉", "salary", "협상"]),
     ("운전면허는 있지만 차는 없어서 주말에만 쏘카를 빌려 쓴다.", ["차", "운전", "쏘카"]),
     ("Sprints last two weeks; planning is on Monday morning.", ["sprint", "스프린트", "planning"]),
+    ("To roll back, run make rollback SERVICE=<name>, which redeploys the previous Helm release.",
+     ["rollback", "롤백", "Helm"]),
+    ("Staging URLs follow <service>.staging.example.dev, and staging data is reset every Sunday night.",
+     ["staging", "스테이징", "environment"]),
 ]
 
 
-def test_a_korean_predicate_or_what_a_how_asks_weighs_less_than_the_nouns_of_the_query(graph: MemoryGraph) -> None:
+def test_a_korean_predicate_or_what_an_asking_word_asks_weighs_less_than_the_nouns_of_the_query(
+        graph: MemoryGraph) -> None:
     plan = retrieval.plan_query(graph, "부모님은 어디 사셔?")
     nouns = [w.stem for w in plan.words if w.nominal and not w.stop]
     verbs = [w.stem for w in plan.words if not w.nominal]
@@ -717,12 +722,17 @@ def test_a_korean_predicate_or_what_a_how_asks_weighs_less_than_the_nouns_of_the
     # English has no part of speech here, but a "how" names the property the answer measures.
     plan = retrieval.plan_query(graph, "How long are our sprints?")
     assert plan.weights["long"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["sprint"])
+    # So does the noun a Korean asking determiner (어떤, 몇, 무슨, 어느) points at.
+    plan = retrieval.plan_query(graph, "롤백은 어떤 명령어로 해?")
+    assert plan.weights["명령어"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["롤백"])
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
     ("부모님은 어디 사셔?", 0),  # "live in Daejeon": the memory puts the verb in other words
     ("연봉 얼마나 올랐지?", 1),  # 올랐지 -> 인상됐다
     ("How long are our sprints?", 3),  # long -> two weeks
+    ("롤백은 어떤 명령어로 해?", 4),  # 어떤 명령어 -> make rollback
+    ("스테이징 데이터는 언제 초기화돼?", 5),  # 초기화 (stem 초기, "early") -> reset
 ])
 def test_inject_surfaces_a_memory_that_answers_a_question_in_other_words(
         graph: MemoryGraph, prompt: str, expected: int) -> None:

@@ -70,6 +70,14 @@ def test_a_korean_compound_keeps_its_nouns_as_subwords(analyzer: Analyzer) -> No
     assert {"코드리뷰", "코드", "리뷰"} <= set(tokens)
 
 
+def test_a_derived_korean_word_is_embedded_whole_and_compared_by_its_stem(analyzer: Analyzer) -> None:  # noqa: F811
+    # 초기화 ("reset") is 초기 ("early stage") + the suffix 화: the index keeps the stem, so
+    # 초기화했다 and 초기화돼 still meet, but the word a query embeds is the one it says.
+    words = [w for w in analyzer.analyze("데이터는 언제 초기화돼?") if w.stem == "초기"]
+    assert [w.surface for w in words] == ["초기화"]
+    assert analyzer.index_tokens("초기화했다") == analyzer.index_tokens("초기화돼") == ["초기"]
+
+
 def test_a_korean_name_stays_one_word_whatever_its_particle(analyzer: Analyzer) -> None:  # noqa: F811
     # Kiwi's default dictionary of proper nouns split 김서연 into 김/서/연; keymem does not load it.
     assert analyzer.index_tokens("김서연은") == analyzer.index_tokens("김서연에게") == ["김서연"]
