@@ -90,10 +90,11 @@ COMMON_SHARE: Final = 0.2
 MIN_CORPUS: Final = 100
 # A Korean predicate or adverb of the query, or what an asking word asks for, weighs this
 # share of its IDF in coverage (Korean/English set, push path: R@5 .693 -> .740 with
-# not-found unchanged, and -> .797 with 몇/어떤/무슨/어느; see plan_query).
+# not-found unchanged, and -> .807 with Korean's asking words; see plan_query).
 PREDICATE_SHARE: Final = 0.25
-# Words that ask for the property or kind the next word names (how long, 몇 시간, 어떤 명령어).
-ASKING_WORDS: Final = frozenset({"how", "몇", "어떤", "무슨", "어느"})
+# Words that ask for the property or kind the next word names (how long, 얼마나 보관해,
+# 몇 시간, 어떤 명령어): 얼마나 is Korean's "how".
+ASKING_WORDS: Final = frozenset({"how", "얼마나", "몇", "어떤", "무슨", "어느"})
 # Memories of one episode (observed within EPISODE_GAP of each other) share in the
 # evidence of the EPISODE_SEEDS best candidates, with this share of their score.
 EPISODE_SEEDS: Final = 5

@@ -31,7 +31,7 @@ def test_the_korean_english_set_keeps_its_recall_and_its_silence_on_unanswerable
     recall, push = figures["recall_mem"], figures["inject"]
     assert recall["R@5"] >= 0.95, f"recall_memories R@5 {recall['R@5']:.3f} (measured 0.974)"
     assert push["not_found"] >= 0.87, f"push-path not-found accuracy {push['not_found']:.3f} (measured 0.938)"
-    assert push["R@5"] >= 0.78, f"push-path R@5 {push['R@5']:.3f} (measured 0.802; 0.693 two stops before)"
+    assert push["R@5"] >= 0.78, f"push-path R@5 {push['R@5']:.3f} (measured 0.807; 0.693 two stops before)"
     across = (push["en_to_ko"] + push["ko_to_en"]) / 2
     assert across >= 0.60, f"push path across languages {across:.3f} (measured 0.674; 0.478 before sound-alike words)"
     for path in (recall, push):

@@ -722,9 +722,11 @@ def test_a_korean_predicate_or_what_an_asking_word_asks_weighs_less_than_the_nou
     # English has no part of speech here, but a "how" names the property the answer measures.
     plan = retrieval.plan_query(graph, "How long are our sprints?")
     assert plan.weights["long"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["sprint"])
-    # So does the noun a Korean asking determiner (어떤, 몇, 무슨, 어느) points at.
+    # So does what a Korean asking word (얼마나, 어떤, 몇, 무슨, 어느) points at.
     plan = retrieval.plan_query(graph, "롤백은 어떤 명령어로 해?")
     assert plan.weights["명령어"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["롤백"])
+    plan = retrieval.plan_query(graph, "백업 얼마나 보관해?")
+    assert plan.weights["보관"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["백업"])
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
