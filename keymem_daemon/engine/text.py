@@ -148,6 +148,8 @@ _NOMINAL_TAGS: Final = frozenset(
 # Nominal morphemes also indexed on their own when they sit inside a compound.
 _SUBWORD_TAGS: Final = frozenset({"NNG", "NNP", "SL", "SH", "XR"})
 _PREDICATE_TAGS: Final = frozenset({"VV", "VA"})
+# Noun suffixes of respect and number: the word stays the word it was.
+_COURTESY_SUFFIXES: Final = frozenset({"님", "들"})
 # Dependent nouns, pronouns and determiners alone do not make a topic word.
 _WEAK_TAGS: Final = frozenset({"NNB", "NP", "MM"})
 
@@ -262,8 +264,10 @@ class Analyzer:
                     if m.tag in _SUBWORD_TAGS and len(m.form) >= 2:
                         subs.append(self.stem(m.form) if m.tag == "SL" else m.form)
             # A derivational suffix makes another word (초기 "early stage" + 화 = 초기화 "reset"):
-            # the stem stays the comparison form, the whole word is what gets embedded.
-            if rest and rest[0].tag == "XSN":
+            # the stem stays the comparison form, the whole word is what gets embedded. One
+            # that only adds respect or number (마커스님, 개발자들) leaves the word, and a name's
+            # sound (retrieval's sound-alike words), as it was.
+            if rest and rest[0].tag == "XSN" and rest[0].form not in _COURTESY_SUFFIXES:
                 finish = rest[0].start + rest[0].len - offset
             spoken = surface[max(0, begin):max(begin + 1, finish)]
             if not has_hangul(stem):

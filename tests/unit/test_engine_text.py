@@ -76,6 +76,8 @@ def test_a_derived_korean_word_is_embedded_whole_and_compared_by_its_stem(analyz
     words = [w for w in analyzer.analyze("데이터는 언제 초기화돼?") if w.stem == "초기"]
     assert [w.surface for w in words] == ["초기화"]
     assert analyzer.index_tokens("초기화했다") == analyzer.index_tokens("초기화돼") == ["초기"]
+    # Respect and number make no other word: a name keeps its sound (마커스 and Marcus).
+    assert [w.surface for w in analyzer.analyze("마커스님은 개발자들과")] == ["마커스", "개발자"]
 
 
 def test_a_korean_name_stays_one_word_whatever_its_particle(analyzer: Analyzer) -> None:  # noqa: F811
