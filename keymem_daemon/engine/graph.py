@@ -20,6 +20,7 @@ import re
 import secrets
 import sqlite3
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,7 +90,14 @@ from keymem_daemon.engine.model import (
 )
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.store import Store, Tx, rows_in
-from keymem_daemon.engine.text import Analyzer, default_analyzer, normalize, normalize_namespace, script_of
+from keymem_daemon.engine.text import (
+    Analyzer,
+    default_analyzer,
+    has_hangul,
+    normalize,
+    normalize_namespace,
+    script_of,
+)
 from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.models.embedders import Embedder, ThresholdProfile
@@ -111,6 +119,8 @@ CONFIRM_DEPTH: Final = 0.05
 DEEP_DEPTH: Final = 0.7
 EVIDENCE_KINDS: Final = ("user", "authoritative_source", "observation")
 ID_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
+# The meta row listing the loanwords the store's index was cut with (``Analyzer.learn``).
+VOCABULARY_META: Final = "learned_words"
 
 _MEMORY_COLUMNS: Final = (
     "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
@@ -277,6 +287,8 @@ class MemoryGraph:
         self.bodies = VectorTable(embedder.dim, quantized=True)
         self.counts = ActiveCounts()
         self._namespace_codes: dict[str, int] = {}
+        # The loanwords the lexical index was cut with; the analyzer may know more.
+        self._vocabulary: frozenset[str] = frozenset()
         self.buffer = RecallBuffer(clock)
         self.promotion = PromotionRule(
             promote_n=settings.autokey_promote_n,
@@ -306,6 +318,7 @@ class MemoryGraph:
         try:
             graph = cls(store, embedder, settings, clock=clock, analyzer=analyzer, reranker=reranker)
             graph._ensure_embedding_space(progress)
+            graph._load_vocabulary()
             graph._load_indexes()
         except BaseException:
             store.close()
@@ -412,6 +425,81 @@ class MemoryGraph:
                 if progress is not None:
                     progress(kind, done, total)
             logger.info("re-embedded %d %s", len(rows), kind)
+
+    def _load_vocabulary(self) -> None:
+        """Teach the analyzer the loanwords this store learned. A store that never listed
+        them (made before keymem learned loanwords) is searched for them once."""
+        row = self.store.read(lambda c: c.execute("SELECT value FROM meta WHERE name = ?",
+                                                  (VOCABULARY_META,)).fetchone())
+        if row is None:
+            self.analyzer.learn(self.store.read(self._stored_loanwords))
+        else:
+            self._vocabulary = frozenset(json.loads(row[0]))
+            self.analyzer.learn(self._vocabulary)
+        if row is None or self.analyzer.learned - self._vocabulary:
+            self.store.write(lambda tx: self._sync_vocabulary(tx, save=True))
+
+    def _stored_loanwords(self, conn: sqlite3.Connection) -> list[str]:
+        found: set[str] = set()
+        for key_id, concept in conn.execute("SELECT id, concept FROM keys").fetchall():
+            if not has_hangul(concept) or not self.analyzer.misread([concept]):
+                continue
+            # A few of its memories tell whether a Latin word beside it sounds the same.
+            for content, keys in conn.execute(
+                    "SELECT m.content, (SELECT group_concat(k.concept, char(31)) FROM links o "
+                    "JOIN keys k ON k.id = o.key_id WHERE o.memory_id = m.id) "
+                    "FROM links l JOIN memories m ON m.id = l.memory_id "
+                    "WHERE l.key_id = ? AND m.superseded_by IS NULL LIMIT 20", (key_id,)):
+                words = self.analyzer.loanwords(keys.split("\x1f"), content)
+                if words:
+                    found.update(words)
+                    break
+        return sorted(found)
+
+    def _sync_vocabulary(self, tx: Tx, *, save: bool = False) -> None:
+        """Bring the lexical index up to the analyzer's vocabulary: the text of memories and
+        keys holding a word it learned since (in this store, or in another one this process
+        opened) is cut differently now, so it is indexed again."""
+        learned = self.analyzer.learned
+        missing = learned - self._vocabulary
+        if not missing and not save:
+            return
+        conn = tx.conn
+        forms = sorted({form for w in missing for form in (w, unicodedata.normalize("NFD", w))})
+
+        def holding(column: str) -> str:
+            return " OR ".join([f"instr({column}, ?) > 0"] * len(forms)) or "0"
+
+        memory_ids = {r[0] for r in conn.execute(
+            f"SELECT m.id FROM memories m JOIN memory_fts f ON f.rowid = m.rowid WHERE {holding('m.content')}",
+            forms)}
+        touched: set[str] = set()
+        for key_id, concept in conn.execute(f"SELECT id, concept FROM keys WHERE {holding('concept')}",
+                                            forms).fetchall():
+            conn.execute("UPDATE keys SET compact = ? WHERE id = ?", (self.analyzer.compact(concept), key_id))
+            touched.add(key_id)
+        for key_id, alias in conn.execute(f"SELECT key_id, alias FROM aliases WHERE {holding('alias')}",
+                                          forms).fetchall():
+            conn.execute("UPDATE aliases SET compact = ? WHERE key_id = ? AND alias = ?",
+                         (self.analyzer.compact(alias), key_id, alias))
+            touched.add(key_id)
+        for memory_id in memory_ids:
+            self._index_memory(tx, memory_id)
+        linked = {r[0] for r in rows_in(conn, "SELECT DISTINCT memory_id FROM links WHERE key_id IN ({marks})",
+                                        sorted(touched))}
+        self._reindex_keys_of(tx, linked - memory_ids)
+        self._set_meta(conn, {VOCABULARY_META: json.dumps(sorted(learned), ensure_ascii=False)})
+        infos = [self._key_info(conn, key_id) for key_id in touched]
+        if missing:
+            logger.info("re-indexed %d memories and %d keys for learned word(s): %s",
+                        len(memory_ids | linked), len(touched), ", ".join(sorted(missing)))
+
+        def apply() -> None:
+            self._vocabulary = learned
+            for info in infos:
+                self.keys.put(info)
+
+        tx.after_commit(apply)
 
     @staticmethod
     def _set_meta(conn: sqlite3.Connection, values: Mapping[str, str]) -> None:
@@ -711,6 +799,8 @@ class MemoryGraph:
         content_tokens: str
 
     def _embed_request(self, request: NewMemory) -> MemoryGraph._Vectors:
+        # Before the text is cut: a loanword its keys teach is read whole from now on.
+        self.analyzer.learn(self.analyzer.loanwords(request.keys, request.content))
         texts = [*request.keys, request.content]
         vectors = self.embedder.embed(texts)
         tokens = " ".join(self.analyzer.index_tokens(request.content))
@@ -719,6 +809,7 @@ class MemoryGraph:
     def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
                       source: dict[str, Any]) -> tuple[str, bool, list[KeyRef]]:
         """Insert one memory (or fold it into its identical twin) with its keys and links."""
+        self._sync_vocabulary(tx)
         conn, now = tx.conn, self.clock()
         self._check_related(conn, request.related_to, now)
         digest = dedup_hash(request.content)
@@ -965,6 +1056,7 @@ class MemoryGraph:
                 old = get_memory(conn, old.superseded_by)
             if old is None or old.expired(now):
                 raise NotFound(f"Memory {memory_id} not found")
+            self._sync_vocabulary(tx)
             if old.supersedes is not None:
                 grandparent = get_memory(conn, old.supersedes)
                 if grandparent is not None:

@@ -55,7 +55,7 @@ from keymem_daemon.engine.text import (
     normalize,
     query_terms,
     script_of,
-    sound_skeleton,
+    sound_alike,
     truncate,
 )
 from keymem_daemon.engine.vectors import top_indices
@@ -876,12 +876,11 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
 CROSS_POOL: Final = 10
 # A memory's text read for its Latin words: enough for a memory, bounded for the word cache.
 CROSS_TEXT_CHARS: Final = 1000
-# A query word and a memory's word in the other script with the same sound skeleton of at
-# least SOUND_ALIKE_CONSONANTS consonants, and at least this cosine, are one word
+# A query word and a memory's word in the other script that sound alike (the same sound
+# skeleton of at least two consonants), and at least this cosine, are one word
 # (Korean/English set: the push path across languages .478 -> .631, not-found unchanged;
 # with a floor of .25, 다음 "next" met team, both TM, and an unanswerable prompt got an answer).
 SOUND_ALIKE_FLOOR: Final = 0.4
-SOUND_ALIKE_CONSONANTS: Final = 2
 
 
 def _hangul_words(content_tokens: Sequence[str]) -> tuple[str, ...]:
@@ -929,7 +928,7 @@ def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[st
     surface = {t: t for t in tokens} | {w.stem: w.surface for w in reversed(plan.words)}
     met = np.where(sims >= bar, sims, 0.0)
     for r, j in zip(*np.nonzero((sims >= SOUND_ALIKE_FLOOR) & (sims < bar)), strict=True):
-        if _sound_alike(surface[tokens[asked[r]]], words[j]):
+        if sound_alike(surface[tokens[asked[r]]], words[j]):
             met[r, j] = 1.0
     sims = met.tolist()
     for mid, todo in wanted.items():
@@ -939,11 +938,6 @@ def _cross_script_words(graph: MemoryGraph, plan: QueryPlan, tokens: Sequence[st
             best = max(line[row[w]] for w in other)
             if best > match[i]:
                 match[i] = best
-
-
-def _sound_alike(a: str, b: str) -> bool:
-    skeleton = sound_skeleton(a)
-    return len(skeleton) >= SOUND_ALIKE_CONSONANTS and skeleton == sound_skeleton(b)
 
 
 def same_episode(a: Memory, b: Memory) -> bool:

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 _SPACE = re.compile(r"\s+")
 _HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 _LATIN_WORD = re.compile(r"[^\W_]+")
+_HANGUL_RUN = re.compile(r"[\uac00-\ud7a3]+")
 _LATIN = re.compile(r"[a-zA-Z]")
 _CJK_SINGLE = re.compile(r"^[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3\u3040-\u30ff\u4e00-\u9fff]$")
 
@@ -101,6 +102,16 @@ def sound_skeleton(word: str) -> str:
             else:
                 out.append(_LATIN_CLASS[form])
     return _RUNS.sub(r"\1", "".join(out))
+
+
+# A skeleton this short (one consonant) is shared by too many unrelated words.
+SOUND_ALIKE_CONSONANTS: Final = 2
+
+
+def sound_alike(a: str, b: str) -> bool:
+    """The two words have the same sound skeleton, of at least SOUND_ALIKE_CONSONANTS."""
+    skeleton = sound_skeleton(a)
+    return len(skeleton) >= SOUND_ALIKE_CONSONANTS and skeleton == sound_skeleton(b)
 
 
 def is_single_cjk(text: str) -> bool:
@@ -181,6 +192,9 @@ class Analyzer:
         self._stem_lock = threading.Lock()
         self._kiwi: Any = None
         self._kiwi_lock = threading.Lock()
+        # Kiwi's dictionary changes under ``learn``; nothing may tokenize meanwhile.
+        self._kiwi_use = threading.Lock()
+        self._learned: frozenset[str] = frozenset()
 
     @property
     def kiwi_loaded(self) -> bool:
@@ -207,6 +221,56 @@ class Analyzer:
                     self._kiwi = kiwi
         return self._kiwi
 
+    @property
+    def learned(self) -> frozenset[str]:
+        """The words taught with ``learn`` so far (Kiwi's vocabulary is the process's)."""
+        return self._learned
+
+    def misread(self, keys: Sequence[str]) -> list[str]:
+        """The Hangul words of ``keys``, not yet learned, that Kiwi does not read as a noun."""
+        hangul = {run for key in keys for run in _HANGUL_RUN.findall(normalize(key))} - self._learned
+        return [w for w in sorted(hangul) if not self._reads_as_noun(w)]
+
+    def loanwords(self, keys: Sequence[str], text: str) -> list[str]:
+        """The loanwords among ``keys`` Kiwi misreads: Hangul words it does not read as a
+        noun (커버리지 as 크+어+버리+지, 지라 as 지+라, 맵 as the adjective 맵다) that sound like
+        a Latin word of the same keys or ``text`` (coverage, Jira, map). Kiwi cuts such a
+        word differently from one sentence to the next, or drops it, so the lexical index
+        would miss it; an agent's key names a concept, so it is a noun."""
+        misread = self.misread(keys)
+        if not misread:
+            return []
+        latin = self.latin_words(" ".join([*keys, text]))
+        return [w for w in misread if any(sound_alike(w, other) for other in latin)]
+
+    @lru_cache(maxsize=50_000)  # noqa: B019 - keys repeat endlessly
+    def _reads_as_noun(self, word: str) -> bool:
+        kiwi = self._get_kiwi()
+        with self._kiwi_use:
+            tokens = kiwi.tokenize(word)
+        return all(t.tag in _NOMINAL_TAGS or t.tag == "XSN" for t in tokens)
+
+    def learn(self, words: Iterable[str]) -> list[str]:
+        """Teach Kiwi these words as nouns (``loanwords``); returns those it did not know.
+        Every later analysis reads them whole, so a store must re-index the text that holds
+        them (``MemoryGraph`` does, and keeps the list)."""
+        wanted = set(words)
+        if not wanted - self._learned:  # (an English-only store never loads Kiwi)
+            return []
+        kiwi = self._get_kiwi()
+        with self._kiwi_use:
+            new = sorted(wanted - self._learned)
+            for word in new:
+                kiwi.add_user_word(word, "NNP")
+            self._learned = self._learned | set(new)
+            # Cached analyses of keys predate the words.
+            Analyzer.key_tokens.cache_clear()
+            Analyzer.compact.cache_clear()
+            Analyzer._reads_as_noun.cache_clear()
+        if new:
+            logger.info("learned %d loanword(s) for the Korean analyser: %s", len(new), ", ".join(new))
+        return new
+
     def stem(self, word: str) -> str:
         with self._stem_lock:
             return str(self._stemmer.stemWord(word))
@@ -226,7 +290,8 @@ class Analyzer:
         if not has_hangul(norm):
             return self._latin_words(norm)
         kiwi = self._get_kiwi()
-        tokens = kiwi.tokenize(norm)
+        with self._kiwi_use:
+            tokens = kiwi.tokenize(norm)
         words: list[Word] = []
         # Group morphemes by the whitespace-delimited eojeol they start in.
         spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", norm)]

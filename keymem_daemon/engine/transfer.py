@@ -308,6 +308,13 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
         for (item_id, _), vector in zip(chunk, graph.embedder.embed([text for _, text in chunk]), strict=True):
             (key_vectors if item_id in key_ids else body_vectors)[item_id] = vector_bytes(vector)
         report("embedding", min(total, start + EMBED_BATCH), total)
+    # Loanwords the imported keys teach are learned before any text is cut.
+    concept_of = {k["id"]: k["concept"] for k in plan.keys}
+    keys_of: dict[str, list[str]] = {}
+    for link in plan.links:
+        keys_of.setdefault(link["memory_id"], []).append(concept_of[link["key_id"]])
+    graph.analyzer.learn({word for m in plan.memories
+                          for word in graph.analyzer.loanwords(keys_of.get(m["id"], []), m["content"])})
     tokens: dict[str, str] = {}
     for i, m in enumerate(plan.memories):
         tokens[m["id"]] = " ".join(graph.analyzer.index_tokens(m["content"]))
@@ -326,6 +333,7 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
 
 def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, bytes],
            body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
+    graph._sync_vocabulary(tx)
     conn = tx.conn
     key_map: dict[str, str] = {}
     imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}

@@ -1,0 +1,212 @@
+"""Loanwords Kiwi misreads: a Hangul key that sounds like a Latin word of its memory
+(커버리지 / coverage, 지라 / Jira) and that Kiwi cuts into verbs or drops is learned as a
+noun, and the store's lexical index is cut again wherever the word occurs -- at once, when a
+store is opened by an analyser that knows more words, and when an older store is opened.
+
+Learning changes Kiwi for the whole process, so these tests use analysers of their own
+(each a real Kiwi) and never the process-wide one the other tests share."""
+
+# Fixtures are imported from engine_fixtures and named as test parameters.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_fixtures import (  # noqa: F401 - fixtures
+    FakeClock,
+    clock,
+    embedder,
+    key_id,
+    open_graph,
+    remember,
+    settings,
+)
+
+from keymem_daemon.config import Settings
+from keymem_daemon.engine import retrieval, transfer
+from keymem_daemon.engine.graph import VOCABULARY_META, MemoryGraph
+from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.models.embedders import Embedder
+
+pytestmark = pytest.mark.timeout(120)
+
+DOCKER_IMAGE = "도커 이미지는 ECR에 올리고 태그는 커밋 해시로 단다."
+DOCKER_BUILD = "도커로 로컬 빌드를 할 때는 BuildKit 캐시를 켠다."
+
+
+def fts_tokens(graph: MemoryGraph, memory_id: str) -> tuple[list[str], list[str]]:
+    row = graph.store.read(lambda c: c.execute(
+        "SELECT f.content_tokens, f.key_tokens FROM memory_fts f JOIN memories m ON m.rowid = f.rowid "
+        "WHERE m.id = ?", (memory_id,)).fetchone())
+    return row[0].split(), row[1].split()
+
+
+@pytest.fixture(scope="module")
+def learner() -> Analyzer:
+    """One analyser for the module's tests that only need learning to have happened."""
+    analyzer = Analyzer()
+    analyzer.preload_kiwi()
+    return analyzer
+
+
+@pytest.mark.parametrize(
+    ("keys", "text", "learned"),
+    [
+        (["테스트 커버리지", "coverage", "CI"], "테스트 커버리지는 80% 이상", ["커버리지"]),  # 크+어+버리+지
+        (["지라", "티켓"], "Tickets live in Jira.", ["지라"]),  # 지+라; the Latin word is in the text
+        (["맵", "렌더링"], "The map view uses Mapbox.", ["맵"]),  # the adjective 맵다
+        (["느린 쿼리", "slow query"], "쿼리가 느리다", []),  # a real Korean word sounds like nothing here
+        (["배포", "deploy"], "", []),  # Kiwi reads it as a noun already
+        (["지라"], "티켓은 지라에서 관리한다", []),  # misread, but no Latin word sounds like it
+    ],
+)
+def test_a_misread_hangul_key_that_sounds_like_a_latin_word_of_its_memory_is_a_loanword(
+    keys: list[str], text: str, learned: list[str]
+) -> None:
+    assert Analyzer().loanwords(keys, text) == learned
+
+
+def test_a_learned_loanword_is_cut_whole_in_every_sentence(learner: Analyzer) -> None:
+    assert learner.learn(["도커", "지라"]) == ["도커", "지라"]
+    assert learner.learn(["도커"]) == []
+    assert {"도커", "지라"} <= learner.learned
+    for word, sentence in [("도커", DOCKER_IMAGE), ("도커", DOCKER_BUILD), ("도커", "어제 도커 문제가 있었다"),
+                           ("지라", "지라에서 티켓을 닫아"), ("지라", "지라 설정을 바꿨다")]:
+        assert word in learner.index_tokens(sentence), sentence
+    assert learner.compact("도커") == "도커"
+    assert learner.key_tokens("지라") == ("지라",)
+
+
+def test_remembering_a_loanword_key_recuts_the_memories_and_keys_that_hold_it(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    analyzer = Analyzer()
+    graph = open_graph(tmp_path / "keymem.db", embedder, settings, clock, analyzer)
+    try:
+        image = remember(graph, DOCKER_IMAGE, ["ECR", "도커 이미지"])
+        assert "도커" not in fts_tokens(graph, image)[0]  # Kiwi alone: 도/크/어
+        build = remember(graph, DOCKER_BUILD, ["도커", "Docker", "빌드"])
+        assert "도커" in analyzer.learned
+        content, keys = fts_tokens(graph, image)
+        assert "도커" in content and "도커" in keys
+        assert "도커" in fts_tokens(graph, build)[0]
+        assert graph.keys.get(key_id(graph, "도커 이미지")).compact == "도커이미지"  # type: ignore[union-attr]
+    finally:
+        graph.close()
+
+
+# Each loanword memory beside one that shares the rest of the question's words.
+TOOLS = [
+    ("스프린트 작업은 전부 지라에서 관리하고, 상태는 매일 갱신한다.", ["지라", "Jira", "스프린트"]),
+    ("개인 할 일은 노션에서 관리한다.", ["노션", "Notion", "할 일"]),
+    ("맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"]),
+    ("차트는 ECharts로 그린다.", ["차트", "chart"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("question", "answer"),
+    [
+        ("지라에서 뭐 관리해?", 0),  # Kiwi alone drops 지라 here: the Notion memory came first
+        ("지라 어떻게 써?", 0),
+        ("맵은 뭘로 그려?", 2),  # Kiwi alone: 맵 is 맵다, and the chart memory came first
+        ("맵 렌더링 라이브러리가 뭐야?", 2),  # Kiwi alone: nothing found
+    ],
+)
+def test_a_question_naming_a_loanword_finds_the_memory_about_it(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock, learner: Analyzer,
+    question: str, answer: int,
+) -> None:
+    graph = open_graph(tmp_path / "keymem.db", embedder, settings, clock, learner)
+    try:
+        ids = [remember(graph, content, keys) for content, keys in TOOLS]
+        hits = retrieval.hybrid_recall(graph, question, reinforce=False).hits
+        assert hits and hits[0].id == ids[answer], [h.content for h in hits]
+    finally:
+        graph.close()
+
+
+def test_a_store_remembers_its_loanwords_for_a_fresh_analyser(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    path = tmp_path / "keymem.db"
+    graph = open_graph(path, embedder, settings, clock, Analyzer())
+    try:
+        remember(graph, "지라 보드는 매주 금요일에 정리한다.", ["지라", "Jira"])
+    finally:
+        graph.close()
+    fresh = Analyzer()
+    graph = open_graph(path, embedder, settings, clock, fresh)
+    try:
+        assert fresh.learned == {"지라"}
+        assert "지라" in fresh.index_tokens("지라에서 티켓을 닫아")
+    finally:
+        graph.close()
+
+
+def test_a_store_opened_by_an_analyser_that_knows_more_words_is_cut_again(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock, learner: Analyzer
+) -> None:
+    """Another store of the process taught the analyser 도커 (here: the module's learner), or
+    this store comes from a keymem that did not learn loanwords (no list in its meta)."""
+    path = tmp_path / "keymem.db"
+    graph = open_graph(path, embedder, settings, clock, Analyzer())
+    try:
+        image = remember(graph, DOCKER_IMAGE, ["ECR", "이미지"])
+    finally:
+        graph.close()
+    learner.learn(["도커"])
+    graph = open_graph(path, embedder, settings, clock, learner)
+    try:
+        assert "도커" in fts_tokens(graph, image)[0]
+    finally:
+        graph.close()
+
+
+def test_an_older_store_is_searched_for_the_loanwords_its_keys_hold(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    path = tmp_path / "keymem.db"
+    graph = open_graph(path, embedder, settings, clock, Analyzer())
+    try:
+        mapped = remember(graph, "맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"])
+        remember(graph, "느린 쿼리는 slow log에서 찾는다.", ["느린 쿼리", "slow query"])
+        # As a keymem that did not learn loanwords left it: no list, 맵 (read as 맵다) dropped.
+        graph.store.write(lambda tx: tx.conn.execute("DELETE FROM meta WHERE name = ?", (VOCABULARY_META,)))
+        graph.store.write(lambda tx: tx.conn.execute(
+            "UPDATE memory_fts SET content_tokens = '화면 mapbox gl 그리', key_tokens = 'map mapbox' "
+            "WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)", (mapped,)))
+    finally:
+        graph.close()
+    fresh = Analyzer()
+    graph = open_graph(path, embedder, settings, clock, fresh)
+    try:
+        assert fresh.learned == {"맵"}
+        content, keys = fts_tokens(graph, mapped)
+        assert "맵" in content and "맵" in keys
+        assert graph.store.read(lambda c: c.execute(
+            "SELECT value FROM meta WHERE name = ?", (VOCABULARY_META,)).fetchone()[0]) == '["맵"]'
+    finally:
+        graph.close()
+
+
+def test_an_import_learns_the_loanwords_of_its_keys(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    source = open_graph(tmp_path / "a.db", embedder, settings, clock, Analyzer())
+    try:
+        remember(source, "테스트 커버리지는 80% 이상을 유지한다.", ["테스트 커버리지", "coverage"])
+        exported = transfer.export(source)
+    finally:
+        source.close()
+    fresh = Analyzer()
+    target = open_graph(tmp_path / "b.db", embedder, settings, clock, fresh)
+    try:
+        transfer.import_data(target, exported)
+        assert fresh.learned == {"커버리지"}
+        (memory,) = target.store.read(lambda c: c.execute("SELECT id FROM memories").fetchall())
+        assert "커버리지" in fts_tokens(target, memory[0])[0]
+    finally:
+        target.close()
