@@ -210,3 +210,19 @@ def test_an_import_learns_the_loanwords_of_its_keys(
         assert "커버리지" in fts_tokens(target, memory[0])[0]
     finally:
         target.close()
+
+
+def test_an_english_only_store_never_loads_kiwi(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    """Looking for loanwords costs an English-only user nothing: Kiwi is ~190 MB."""
+    path = tmp_path / "keymem.db"
+    analyzer = Analyzer()
+    for _ in range(2):  # a new store, then the same store opened again
+        graph = open_graph(path, embedder, settings, clock, analyzer)
+        try:
+            remember(graph, "Docker images go to ECR, tagged with the commit hash.", ["Docker", "ECR"])
+            retrieval.hybrid_recall(graph, "Where do Docker images go?", reinforce=False)
+        finally:
+            graph.close()
+    assert not analyzer.kiwi_loaded
