@@ -797,14 +797,22 @@ class MemoryGraph:
         keys: dict[str, npt.NDArray[np.float32]]
         body: npt.NDArray[np.float32]
         content_tokens: str
+        # The loanwords the analyzer knew when it cut the text (``indexable``).
+        vocabulary: frozenset[str]
+
+        def indexable(self, analyzer: Analyzer) -> str | None:
+            """The tokens, unless another request taught the analyzer a word since."""
+            return self.content_tokens if self.vocabulary == analyzer.learned else None
 
     def _embed_request(self, request: NewMemory) -> MemoryGraph._Vectors:
         # Before the text is cut: a loanword its keys teach is read whole from now on.
         self.analyzer.learn(self.analyzer.loanwords(request.keys, request.content))
+        vocabulary = self.analyzer.learned
         texts = [*request.keys, request.content]
         vectors = self.embedder.embed(texts)
         tokens = " ".join(self.analyzer.index_tokens(request.content))
-        return MemoryGraph._Vectors(dict(zip(request.keys, vectors[:-1], strict=True)), vectors[-1], tokens)
+        return MemoryGraph._Vectors(dict(zip(request.keys, vectors[:-1], strict=True)), vectors[-1], tokens,
+                                    vocabulary)
 
     def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
                       source: dict[str, Any]) -> tuple[str, bool, list[KeyRef]]:
@@ -846,7 +854,7 @@ class MemoryGraph:
                  json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
             refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
         self._add_relations(conn, memory_id, request.related_to)
-        self._index_memory(tx, memory_id, vectors.content_tokens)
+        self._index_memory(tx, memory_id, vectors.indexable(self.analyzer))
         body, code = vectors.body, self.namespace_code(request.namespace)
         tx.after_commit(lambda: self.bodies.upsert(memory_id, body, code))
         return memory_id, False, refs
@@ -1098,7 +1106,7 @@ class MemoryGraph:
                     if concepts:
                         note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
                                 "retag if the correction changed the topic.")
-            self._index_memory(tx, new, prepared.content_tokens)
+            self._index_memory(tx, new, prepared.indexable(self.analyzer))
             body, code = prepared.body, self.namespace_code(old.namespace)
             tx.after_commit(lambda: self.bodies.upsert(new, body, code))
             result = CorrectResult(new_id=new, superseded=memory_id, note=note,

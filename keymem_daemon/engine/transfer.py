@@ -315,6 +315,7 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
         keys_of.setdefault(link["memory_id"], []).append(concept_of[link["key_id"]])
     graph.analyzer.learn({word for m in plan.memories
                           for word in graph.analyzer.loanwords(keys_of.get(m["id"], []), m["content"])})
+    vocabulary = graph.analyzer.learned
     tokens: dict[str, str] = {}
     for i, m in enumerate(plan.memories):
         tokens[m["id"]] = " ".join(graph.analyzer.index_tokens(m["content"]))
@@ -322,7 +323,9 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
             report("indexing", i + 1, len(plan.memories))
 
     def write(tx: Tx) -> dict[str, Any]:
-        return _write(graph, tx, plan, key_vectors, body_vectors, tokens)
+        # Another request may have taught the analyzer a word since the text was cut.
+        fresh = vocabulary == graph.analyzer.learned
+        return _write(graph, tx, plan, key_vectors, body_vectors, tokens if fresh else {})
 
     result = graph.store.write(write)
     report("writing", 1, 1)
@@ -390,9 +393,8 @@ def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, by
     conn.execute("UPDATE memories SET superseded_by = NULL WHERE superseded_by IS NOT NULL AND "
                  "superseded_by NOT IN (SELECT id FROM memories)")
     for mid in new_memories:
-        row = conn.execute("SELECT rowid, superseded_by FROM memories WHERE id = ?", (mid,)).fetchone()
+        row = conn.execute("SELECT superseded_by FROM memories WHERE id = ?", (mid,)).fetchone()
         if row["superseded_by"] is None:
-            conn.execute("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) VALUES (?, ?, ?)",
-                         (row["rowid"], tokens[mid], graph._key_tokens_of(conn, mid)))
+            graph._index_memory(tx, mid, tokens.get(mid))
     return {"imported": imported, "skipped": skipped}
 

@@ -11,7 +11,10 @@ Learning changes Kiwi for the whole process, so these tests use analysers of the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engine_fixtures import (  # noqa: F401 - fixtures
@@ -226,3 +229,59 @@ def test_an_english_only_store_never_loads_kiwi(
         finally:
             graph.close()
     assert not analyzer.kiwi_loaded
+
+
+class Interleaving:
+    """The real embedder, which runs ``action`` (another client's request) the first time
+    it is asked to embed ``trigger``: that request falls between two of a batch's items."""
+
+    def __init__(self, inner: Embedder, trigger: str, action: Callable[[], object]) -> None:
+        self.inner, self.trigger, self.action = inner, trigger, action
+        self.name, self.fingerprint, self.dim, self.profile = inner.name, inner.fingerprint, inner.dim, inner.profile
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        if self.trigger in texts:
+            self.trigger = ""
+            self.action()
+        return self.inner.embed(texts)
+
+
+def test_a_batch_item_cut_before_another_request_taught_a_word_is_cut_again(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    graph: MemoryGraph
+    interleaving = Interleaving(embedder, "second item", lambda: remember(graph, DOCKER_BUILD, ["도커", "Docker"]))
+    graph = open_graph(tmp_path / "keymem.db", interleaving, settings, clock, Analyzer())
+    try:
+        result = graph.remember_batch([graph.prepare(content=DOCKER_IMAGE, keys=["ECR"]),
+                                       graph.prepare(content="second item", keys=["batch"])])
+        assert "도커" in graph.analyzer.learned
+        image = result.items[0].saved  # type: ignore[union-attr]
+        assert "도커" in fts_tokens(graph, image)[0]  # type: ignore[arg-type]
+    finally:
+        graph.close()
+
+
+def test_concurrent_writes_that_teach_words_leave_every_memory_cut_with_all_of_them(
+    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    """Six clients at once, each teaching one word with every write; every memory's text
+    holds all six. A memory cut before another client's word was learned is cut again."""
+    pairs = [("도커", "Docker"), ("지라", "Jira"), ("맵", "map"), ("커버리지", "coverage"),
+             ("온보딩", "onboarding"), ("샤딩", "sharding")]
+    words = [hangul for hangul, _ in pairs]
+    graph = open_graph(tmp_path / "keymem.db", embedder, settings, clock, Analyzer())
+
+    def client(pair: tuple[str, str]) -> list[str]:
+        return [remember(graph, f"{n}번 메모: 도커 지라 맵 커버리지 온보딩 샤딩 문서를 정리했다.", list(pair))
+                for n in range(4)]
+
+    try:
+        with ThreadPoolExecutor(len(pairs)) as pool:
+            saved = [mid for ids in pool.map(client, pairs) for mid in ids]
+        assert graph.analyzer.learned == set(words)
+        for memory_id in saved:
+            content, _ = fts_tokens(graph, memory_id)
+            assert set(words) <= set(content), content
+    finally:
+        graph.close()
