@@ -490,8 +490,8 @@ class MemoryGraph:
         self._reindex_keys_of(tx, linked - memory_ids)
         self._set_meta(conn, {VOCABULARY_META: json.dumps(sorted(learned), ensure_ascii=False)})
         infos = [self._key_info(conn, key_id) for key_id in touched]
-        if missing:
-            logger.info("re-indexed %d memories and %d keys for learned word(s): %s",
+        if memory_ids or linked or touched:
+            logger.info("re-indexed %d memories and %d keys holding learned word(s): %s",
                         len(memory_ids | linked), len(touched), ", ".join(sorted(missing)))
 
         def apply() -> None:
