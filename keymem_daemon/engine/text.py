@@ -240,7 +240,8 @@ class Analyzer:
         misread = self.misread(keys)
         if not misread:
             return []
-        latin = self.latin_words(" ".join([*keys, text]))
+        # A plural or inflected English word sounds like its stem (hooks and 훅 are hook).
+        latin = {form for word in self.latin_words(" ".join([*keys, text])) for form in (word, self.stem(word))}
         return [w for w in misread if any(sound_alike(w, other) for other in latin)]
 
     @lru_cache(maxsize=50_000)  # noqa: B019 - keys repeat endlessly

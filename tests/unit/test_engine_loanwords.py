@@ -60,6 +60,7 @@ def learner() -> Analyzer:
         (["테스트 커버리지", "coverage", "CI"], "테스트 커버리지는 80% 이상", ["커버리지"]),  # 크+어+버리+지
         (["지라", "티켓"], "Tickets live in Jira.", ["지라"]),  # 지+라; the Latin word is in the text
         (["맵", "렌더링"], "The map view uses Mapbox.", ["맵"]),  # the adjective 맵다
+        (["훅", "pre-commit"], "Pre-commit hooks run ruff.", ["훅"]),  # an adverb; hooks sounds like its stem
         (["느린 쿼리", "slow query"], "쿼리가 느리다", []),  # a real Korean word sounds like nothing here
         (["배포", "deploy"], "", []),  # Kiwi reads it as a noun already
         (["지라"], "티켓은 지라에서 관리한다", []),  # misread, but no Latin word sounds like it
