@@ -93,6 +93,14 @@ def single_threaded_blas() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
+# A text made only of pieces the model does not know (<unk>) has no meaning for it: USE gives
+# every such text one and the same vector (셸, 탭, 깃, 훅, 앱 and 봇 have cosine 1.0), which
+# would merge their keys and let any of them match another. Such a text embeds to zero (a
+# cosine of 0 with everything). Longer texts are not checked: tokenizing twice costs a fifth
+# of a batch's embedding time, and a sentence of unknown pieces only is not a real memory.
+UNREADABLE_CHECK_CHARS: Final = 100
+
+
 def l2_normalize(rows: npt.NDArray[np.floating]) -> Vectors:
     out = np.asarray(rows, dtype=np.float32)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -171,6 +179,10 @@ def _same_bytes(path: Path, table: npt.NDArray[np.uint8], chunk: int = 1 << 23) 
     return True
 
 
+# Pieces USE adds around any text, and the one it gives whatever it does not know.
+_USE_BLANK_PIECES: Final = frozenset({"<s>", "</s>", "\u2581", "<unk>"})
+
+
 class UseEmbedder:
     """Universal Sentence Encoder multilingual v3 (512-d, 16 languages) in pure numpy.
 
@@ -198,6 +210,7 @@ class UseEmbedder:
         self._lock = threading.Lock()
         if table_dir is not None:
             self._table_to_file(table_dir / f"use-multilingual-v3-{package}.table")
+        self._tokenizer = getattr(self._model, "_tokenizer", None)  # the package's own, loaded lazily
         self.embed(["warm up"])
 
     def _table_to_file(self, path: Path) -> None:
@@ -215,8 +228,17 @@ class UseEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
-            rows = self._model.encode(list(texts))
-        return l2_normalize(np.atleast_2d(rows))
+            rows = np.atleast_2d(self._model.encode(list(texts)))
+            unreadable = [self._unreadable(text) for text in texts]
+        if any(unreadable):
+            rows = rows.copy()
+            rows[np.array(unreadable)] = 0.0
+        return l2_normalize(rows)
+
+    def _unreadable(self, text: str) -> bool:
+        if self._tokenizer is None or len(text) > UNREADABLE_CHECK_CHARS:
+            return False
+        return all(piece in _USE_BLANK_PIECES for piece in self._tokenizer.encode(text, out_type=str))
 
 
 class CachedEmbedder:
@@ -444,6 +466,7 @@ class OnnxEmbedder:
         self.pooling: Pooling = pooling
         self.model_dir = model_dir
         self._tokenizer, self._session, self._inputs = open_transformer(model_dir, threads=threads)
+        self._unknown = {self._tokenizer.token_to_id(t) for t in ("[UNK]", "<unk>")} - {None}
         outputs = self._session.get_outputs()
         chosen = next((o for o in outputs if o.name == "last_hidden_state"), outputs[0])
         self._output: str = chosen.name
@@ -462,6 +485,9 @@ class OnnxEmbedder:
         # One encode per text rather than encode_batch: the batch call starts a rayon pool
         # of one thread per core, which would ignore the thread cap.
         encodings = [self._tokenizer.encode(text) for text in texts]
+        unreadable = [len(text) <= UNREADABLE_CHECK_CHARS and all(
+            special or token in self._unknown for token, special in zip(e.ids, e.special_tokens_mask, strict=True))
+            for text, e in zip(texts, encodings, strict=True)]
         by_length: dict[int, list[int]] = {}
         for i, enc in enumerate(encodings):
             by_length.setdefault(len(enc.ids), []).append(i)
@@ -472,7 +498,7 @@ class OnnxEmbedder:
                     chunk = group[start : start + MAX_BATCH]
                     pooled = self._run([encodings[i] for i in chunk])
                     for i, row in zip(chunk, pooled, strict=True):
-                        rows[i] = row
+                        rows[i] = np.zeros_like(row) if unreadable[i] else row
         return l2_normalize(np.stack([r for r in rows if r is not None]))
 
     def _run(self, encodings: Sequence[Any]) -> npt.NDArray[np.float32]:

@@ -148,6 +148,21 @@ def test_an_exact_match_wins_over_a_closer_sounding_key(graph: MemoryGraph) -> N
     assert third in [h.memory_id for h in graph.read_key(holiday).memories]
 
 
+def test_short_keys_the_embedder_cannot_read_stay_apart(graph: MemoryGraph) -> None:
+    """USE knows none of 셸, 탭, 앱 and 훅: each once embedded to the same vector (cosine
+    1.0), so they merged into one key, and a query about the app reached the shell."""
+    shell = remember(graph, "셸은 zsh를 쓰고 프롬프트는 starship이다.", ["셸", "zsh"])
+    tab = remember(graph, "들여쓰기는 탭 대신 스페이스 4칸이다.", ["탭", "들여쓰기"])
+    app = remember(graph, "앱 배포는 TestFlight로 먼저 한다.", ["앱", "TestFlight"])
+    hook = remember(graph, "pre-commit 훅이 gitleaks를 돌린다.", ["훅", "gitleaks"])
+    ids = {concept: key_id(graph, concept) for concept in ("셸", "탭", "앱", "훅")}
+    assert len(set(ids.values())) == 4
+    for concept, memory in (("셸", shell), ("탭", tab), ("앱", app), ("훅", hook)):
+        assert [h.memory_id for h in graph.read_key(ids[concept]).memories] == [memory]
+    found = [k.key_id for k in retrieval.recall(graph, "앱").keys]
+    assert found[0] == ids["앱"] and not {ids["셸"], ids["탭"], ids["훅"]} & set(found)
+
+
 def test_agent_a_and_agent_b_stay_two_keys_although_they_embed_close(
     graph: MemoryGraph, embedder: Embedder
 ) -> None:

@@ -129,6 +129,12 @@ def test_mean_pooling_matches_a_hand_computed_mean_and_cls_takes_the_first_token
     assert float(mean @ cls) < 0.99
 
 
+def test_a_short_text_of_tokens_the_model_does_not_know_embeds_to_zero(minilm_dir: Path) -> None:
+    unknown, word = onnx_embedder(minilm_dir, "mean").embed(["\ue000 \ue001", "python"])
+    assert not unknown.any()
+    assert np.linalg.norm(word) == pytest.approx(1.0)
+
+
 def test_mean_pooling_ignores_positions_the_attention_mask_excludes(minilm_dir: Path) -> None:
     embedder = onnx_embedder(minilm_dir, "mean")
     short = embedder._tokenizer.encode("apple")

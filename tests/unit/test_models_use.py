@@ -33,6 +33,12 @@ def table_file(directory: Path) -> Path:
     return path
 
 
+def test_a_short_text_of_pieces_the_model_does_not_know_embeds_to_zero() -> None:
+    shell, tab, private, both, team, script = UseEmbedder().embed(["셸", "탭", "\ue000", "깃 훅", "팀", "셸 스크립트"])
+    assert not shell.any() and not tab.any() and not private.any() and not both.any()
+    assert np.linalg.norm(team) == pytest.approx(1.0) and np.linalg.norm(script) == pytest.approx(1.0)
+
+
 def test_the_piece_table_in_a_file_embeds_exactly_as_in_memory(tmp_path: Path, in_memory: np.ndarray) -> None:
     embedder = UseEmbedder(tmp_path)
     assert np.array_equal(embedder.embed(TEXTS), in_memory)
