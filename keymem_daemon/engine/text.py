@@ -10,6 +10,8 @@ nominal morphemes becomes one stem, so the particle or ending that follows never
 with the noun (``배포를``, ``배포가``, ``배포했다`` -> ``배포``); the nouns inside a compound
 are kept as sub-words (``코드리뷰`` -> ``코드리뷰``, ``코드``, ``리뷰``). Kiwi is loaded on the
 first Hangul text, because it costs about 240 MB; an English-only store never pays it.
+Loanwords Kiwi misreads (커버리지 as a verb) are taught to it as nouns (``Analyzer.learn``);
+the store keeps that list and re-indexes what holds a new word.
 """
 
 from __future__ import annotations

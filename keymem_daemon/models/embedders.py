@@ -96,8 +96,8 @@ def single_threaded_blas() -> None:
 # A text made only of pieces the model does not know (<unk>) has no meaning for it: USE gives
 # every such text one and the same vector (셸, 탭, 깃, 훅, 앱 and 봇 have cosine 1.0), which
 # would merge their keys and let any of them match another. Such a text embeds to zero (a
-# cosine of 0 with everything). Longer texts are not checked: tokenizing twice costs a fifth
-# of a batch's embedding time, and a sentence of unknown pieces only is not a real memory.
+# cosine of 0 with everything). USE checks short texts only: tokenizing twice costs a fifth of
+# a batch's embedding time, and a sentence of unknown pieces only is not a real memory.
 UNREADABLE_CHECK_CHARS: Final = 100
 
 
@@ -485,9 +485,9 @@ class OnnxEmbedder:
         # One encode per text rather than encode_batch: the batch call starts a rayon pool
         # of one thread per core, which would ignore the thread cap.
         encodings = [self._tokenizer.encode(text) for text in texts]
-        unreadable = [len(text) <= UNREADABLE_CHECK_CHARS and all(
-            special or token in self._unknown for token, special in zip(e.ids, e.special_tokens_mask, strict=True))
-            for text, e in zip(texts, encodings, strict=True)]
+        # As for USE (UNREADABLE_CHECK_CHARS), but the tokens are at hand for any length.
+        unreadable = [all(special or token in self._unknown
+                          for token, special in zip(e.ids, e.special_tokens_mask, strict=True)) for e in encodings]
         by_length: dict[int, list[int]] = {}
         for i, enc in enumerate(encodings):
             by_length.setdefault(len(enc.ids), []).append(i)
