@@ -11,8 +11,9 @@ Learning changes Kiwi for the whole process, so these tests use analysers of the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,24 @@ def fts_tokens(graph: MemoryGraph, memory_id: str) -> tuple[list[str], list[str]
         "SELECT f.content_tokens, f.key_tokens FROM memory_fts f JOIN memories m ON m.rowid = f.rowid "
         "WHERE m.id = ?", (memory_id,)).fetchone())
     return row[0].split(), row[1].split()
+
+
+Opener = Callable[[Path, Analyzer], AbstractContextManager[MemoryGraph]]
+
+
+@pytest.fixture
+def opened(embedder: Embedder, settings: Settings, clock: FakeClock) -> Opener:
+    """``with opened(path, analyzer) as graph``: the store at ``path``, read by ``analyzer``."""
+
+    @contextmanager
+    def open_with(path: Path, analyzer: Analyzer) -> Iterator[MemoryGraph]:
+        graph = open_graph(path, embedder, settings, clock, analyzer)
+        try:
+            yield graph
+        finally:
+            graph.close()
+
+    return open_with
 
 
 @pytest.fixture(scope="module")
@@ -84,21 +103,17 @@ def test_a_learned_loanword_is_cut_whole_in_every_sentence(learner: Analyzer) ->
 
 
 def test_remembering_a_loanword_key_recuts_the_memories_and_keys_that_hold_it(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    tmp_path: Path, opened: Opener
 ) -> None:
-    analyzer = Analyzer()
-    graph = open_graph(tmp_path / "keymem.db", embedder, settings, clock, analyzer)
-    try:
+    with opened(tmp_path / "keymem.db", Analyzer()) as graph:
         image = remember(graph, DOCKER_IMAGE, ["ECR", "도커 이미지"])
         assert "도커" not in fts_tokens(graph, image)[0]  # Kiwi alone: 도/크/어
         build = remember(graph, DOCKER_BUILD, ["도커", "Docker", "빌드"])
-        assert "도커" in analyzer.learned
+        assert "도커" in graph.analyzer.learned
         content, keys = fts_tokens(graph, image)
         assert "도커" in content and "도커" in keys
         assert "도커" in fts_tokens(graph, build)[0]
         assert graph.keys.get(key_id(graph, "도커 이미지")).compact == "도커이미지"  # type: ignore[union-attr]
-    finally:
-        graph.close()
 
 
 # Each loanword memory beside one that shares the rest of the question's words.
@@ -120,61 +135,36 @@ TOOLS = [
     ],
 )
 def test_a_question_naming_a_loanword_finds_the_memory_about_it(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock, learner: Analyzer,
-    question: str, answer: int,
+    tmp_path: Path, opened: Opener, learner: Analyzer, question: str, answer: int
 ) -> None:
-    graph = open_graph(tmp_path / "keymem.db", embedder, settings, clock, learner)
-    try:
+    with opened(tmp_path / "keymem.db", learner) as graph:
         ids = [remember(graph, content, keys) for content, keys in TOOLS]
         hits = retrieval.hybrid_recall(graph, question, reinforce=False).hits
         assert hits and hits[0].id == ids[answer], [h.content for h in hits]
-    finally:
-        graph.close()
 
 
-def test_a_store_remembers_its_loanwords_for_a_fresh_analyser(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
-) -> None:
-    path = tmp_path / "keymem.db"
-    graph = open_graph(path, embedder, settings, clock, Analyzer())
-    try:
+def test_a_store_remembers_its_loanwords_for_a_fresh_analyser(tmp_path: Path, opened: Opener) -> None:
+    with opened(tmp_path / "keymem.db", Analyzer()) as graph:
         remember(graph, "지라 보드는 매주 금요일에 정리한다.", ["지라", "Jira"])
-    finally:
-        graph.close()
     fresh = Analyzer()
-    graph = open_graph(path, embedder, settings, clock, fresh)
-    try:
+    with opened(tmp_path / "keymem.db", fresh):
         assert fresh.learned == {"지라"}
         assert "지라" in fresh.index_tokens("지라에서 티켓을 닫아")
-    finally:
-        graph.close()
 
 
 def test_a_store_opened_by_an_analyser_that_knows_more_words_is_cut_again(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock, learner: Analyzer
+    tmp_path: Path, opened: Opener, learner: Analyzer
 ) -> None:
-    """Another store of the process taught the analyser 도커 (here: the module's learner), or
-    this store comes from a keymem that did not learn loanwords (no list in its meta)."""
-    path = tmp_path / "keymem.db"
-    graph = open_graph(path, embedder, settings, clock, Analyzer())
-    try:
+    """Another store of the process taught the analyser 도커 (here: the module's learner)."""
+    with opened(tmp_path / "keymem.db", Analyzer()) as graph:
         image = remember(graph, DOCKER_IMAGE, ["ECR", "이미지"])
-    finally:
-        graph.close()
     learner.learn(["도커"])
-    graph = open_graph(path, embedder, settings, clock, learner)
-    try:
+    with opened(tmp_path / "keymem.db", learner) as graph:
         assert "도커" in fts_tokens(graph, image)[0]
-    finally:
-        graph.close()
 
 
-def test_an_older_store_is_searched_for_the_loanwords_its_keys_hold(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
-) -> None:
-    path = tmp_path / "keymem.db"
-    graph = open_graph(path, embedder, settings, clock, Analyzer())
-    try:
+def test_an_older_store_is_searched_for_the_loanwords_its_keys_hold(tmp_path: Path, opened: Opener) -> None:
+    with opened(tmp_path / "keymem.db", Analyzer()) as graph:
         mapped = remember(graph, "맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"])
         remember(graph, "느린 쿼리는 slow log에서 찾는다.", ["느린 쿼리", "slow query"])
         # As a keymem that did not learn loanwords left it: no list, 맵 (read as 맵다) dropped.
@@ -182,53 +172,34 @@ def test_an_older_store_is_searched_for_the_loanwords_its_keys_hold(
         graph.store.write(lambda tx: tx.conn.execute(
             "UPDATE memory_fts SET content_tokens = '화면 mapbox gl 그리', key_tokens = 'map mapbox' "
             "WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)", (mapped,)))
-    finally:
-        graph.close()
     fresh = Analyzer()
-    graph = open_graph(path, embedder, settings, clock, fresh)
-    try:
+    with opened(tmp_path / "keymem.db", fresh) as graph:
         assert fresh.learned == {"맵"}
         content, keys = fts_tokens(graph, mapped)
         assert "맵" in content and "맵" in keys
         assert graph.store.read(lambda c: c.execute(
             "SELECT value FROM meta WHERE name = ?", (VOCABULARY_META,)).fetchone()[0]) == '["맵"]'
-    finally:
-        graph.close()
 
 
-def test_an_import_learns_the_loanwords_of_its_keys(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
-) -> None:
-    source = open_graph(tmp_path / "a.db", embedder, settings, clock, Analyzer())
-    try:
+def test_an_import_learns_the_loanwords_of_its_keys(tmp_path: Path, opened: Opener) -> None:
+    with opened(tmp_path / "a.db", Analyzer()) as source:
         remember(source, "테스트 커버리지는 80% 이상을 유지한다.", ["테스트 커버리지", "coverage"])
         exported = transfer.export(source)
-    finally:
-        source.close()
     fresh = Analyzer()
-    target = open_graph(tmp_path / "b.db", embedder, settings, clock, fresh)
-    try:
+    with opened(tmp_path / "b.db", fresh) as target:
         transfer.import_data(target, exported)
         assert fresh.learned == {"커버리지"}
         (memory,) = target.store.read(lambda c: c.execute("SELECT id FROM memories").fetchall())
         assert "커버리지" in fts_tokens(target, memory[0])[0]
-    finally:
-        target.close()
 
 
-def test_an_english_only_store_never_loads_kiwi(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
-) -> None:
+def test_an_english_only_store_never_loads_kiwi(tmp_path: Path, opened: Opener) -> None:
     """Looking for loanwords costs an English-only user nothing: Kiwi is ~190 MB."""
-    path = tmp_path / "keymem.db"
     analyzer = Analyzer()
     for _ in range(2):  # a new store, then the same store opened again
-        graph = open_graph(path, embedder, settings, clock, analyzer)
-        try:
+        with opened(tmp_path / "keymem.db", analyzer) as graph:
             remember(graph, "Docker images go to ECR, tagged with the commit hash.", ["Docker", "ECR"])
             retrieval.hybrid_recall(graph, "Where do Docker images go?", reinforce=False)
-        finally:
-            graph.close()
     assert not analyzer.kiwi_loaded
 
 
@@ -264,25 +235,22 @@ def test_a_batch_item_cut_before_another_request_taught_a_word_is_cut_again(
 
 
 def test_concurrent_writes_that_teach_words_leave_every_memory_cut_with_all_of_them(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    tmp_path: Path, opened: Opener
 ) -> None:
     """Six clients at once, each teaching one word with every write; every memory's text
     holds all six. A memory cut before another client's word was learned is cut again."""
     pairs = [("도커", "Docker"), ("지라", "Jira"), ("맵", "map"), ("커버리지", "coverage"),
              ("온보딩", "onboarding"), ("샤딩", "sharding")]
-    words = [hangul for hangul, _ in pairs]
-    graph = open_graph(tmp_path / "keymem.db", embedder, settings, clock, Analyzer())
+    words = {hangul for hangul, _ in pairs}
+    with opened(tmp_path / "keymem.db", Analyzer()) as graph:
 
-    def client(pair: tuple[str, str]) -> list[str]:
-        return [remember(graph, f"{n}번 메모: 도커 지라 맵 커버리지 온보딩 샤딩 문서를 정리했다.", list(pair))
-                for n in range(4)]
+        def client(pair: tuple[str, str]) -> list[str]:
+            return [remember(graph, f"{n}번 메모: 도커 지라 맵 커버리지 온보딩 샤딩 문서를 정리했다.", list(pair))
+                    for n in range(4)]
 
-    try:
         with ThreadPoolExecutor(len(pairs)) as pool:
             saved = [mid for ids in pool.map(client, pairs) for mid in ids]
-        assert graph.analyzer.learned == set(words)
+        assert graph.analyzer.learned == words
         for memory_id in saved:
             content, _ = fts_tokens(graph, memory_id)
-            assert set(words) <= set(content), content
-    finally:
-        graph.close()
+            assert words <= set(content), content
