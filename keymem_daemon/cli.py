@@ -304,6 +304,7 @@ def status(state: CliState, as_json: bool) -> None:
         "keys": stats.get("keys"),
         "links": stats.get("links"),
         "reranker": stats.get("reranker"),
+        "learned_words": stats.get("learned_words"),
         "downloads": stats.get("downloads"),
         "warm_shim": str(settings.warm_shim_socket) if settings.warm_shim_socket.exists() else None,
     }
@@ -321,6 +322,8 @@ def status(state: CliState, as_json: bool) -> None:
     if isinstance(data["reranker"], dict):
         detail = data["reranker"].get("detail")
         lines.append(f"  reranker:  {data['reranker'].get('state')}" + (f" ({detail})" if detail else ""))
+    if data["learned_words"]:
+        lines.append(f"  loanwords: {', '.join(data['learned_words'])} (taught to the Korean analyser)")
     warm = data["warm_shim"] or "none (hosts' shims import the MCP SDK themselves)"
     lines.append(f"  warm shim: {warm}")
     if data.get("error"):

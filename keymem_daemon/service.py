@@ -216,6 +216,7 @@ class Service:
             from keymem_daemon.engine.text import default_analyzer
 
             out["korean_analyzer"] = "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)"
+            out["learned_words"] = sorted(self.graph.analyzer.learned)
         if self.embedder_note:
             out["embedder_note"] = self.embedder_note
         if self.reranker is not None:

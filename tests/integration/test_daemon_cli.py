@@ -208,6 +208,21 @@ def test_export_and_import_through_the_cli(cli: Cli, tmp_path: Path, stopped_at_
         assert cli("stop", env=env).returncode == 0
 
 
+def test_status_lists_the_loanwords_the_store_taught_kiwi_across_restarts(
+    cli: Cli, tmp_path: Path, stopped_at_end: None
+) -> None:
+    assert cli("start").returncode == 0
+    info = runtime.read_daemon_info(tmp_path / "data")
+    with httpx.Client(base_url=info.url, headers=info.headers) as client:
+        result = client.post("/v1/tools/remember", json={"arguments": {
+            "content": "스프린트 작업은 전부 지라에서 관리한다.", "keys": ["지라", "Jira", "스프린트"]}}).json()
+        assert result["is_error"] is False
+    assert json.loads(cli("status", "--json").stdout)["learned_words"] == ["지라"]
+    assert cli("stop").returncode == 0
+    assert cli("start").returncode == 0
+    assert "loanwords: 지라" in cli("status").stdout
+
+
 def test_install_service_prints_and_writes_units(cli: Cli, tmp_path: Path) -> None:
     unit = cli("install-service", "--systemd")
     assert unit.returncode == 0
