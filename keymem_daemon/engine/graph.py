@@ -181,6 +181,17 @@ def get_memories(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Memo
         conn, f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({{marks}})", list(dict.fromkeys(ids)))}
 
 
+def _word_list(value: str) -> list[str] | None:
+    """A JSON list of words as the meta table keeps it, or None if it is not one."""
+    try:
+        words = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
+        return None
+    return words
+
+
 def dedup_hash(content: str) -> str:
     return hashlib.sha256(normalize(content).encode()).hexdigest()[:32]
 
@@ -431,12 +442,15 @@ class MemoryGraph:
         them (made before keymem learned loanwords) is searched for them once."""
         row = self.store.read(lambda c: c.execute("SELECT value FROM meta WHERE name = ?",
                                                   (VOCABULARY_META,)).fetchone())
-        if row is None:
+        listed = _word_list(row[0]) if row is not None else None
+        if listed is None:
+            if row is not None:
+                logger.warning("the store's list of learned loanwords is unreadable; looking for them again")
             self.analyzer.learn(self.store.read(self._stored_loanwords))
         else:
-            self._vocabulary = frozenset(json.loads(row[0]))
+            self._vocabulary = frozenset(listed)
             self.analyzer.learn(self._vocabulary)
-        if row is None or self.analyzer.learned - self._vocabulary:
+        if listed is None or self.analyzer.learned - self._vocabulary:
             self.store.write(lambda tx: self._sync_vocabulary(tx, save=True))
 
     def _stored_loanwords(self, conn: sqlite3.Connection) -> list[str]:

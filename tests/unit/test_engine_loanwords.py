@@ -163,12 +163,22 @@ def test_a_store_opened_by_an_analyser_that_knows_more_words_is_cut_again(
         assert "도커" in fts_tokens(graph, image)[0]
 
 
-def test_an_older_store_is_searched_for_the_loanwords_its_keys_hold(tmp_path: Path, opened: Opener) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "DELETE FROM meta WHERE name = ?",  # a store from a keymem that did not learn loanwords
+        "UPDATE meta SET value = '{not json' WHERE name = ?",
+        "UPDATE meta SET value = '[1, \"\"]' WHERE name = ?",
+    ],
+)
+def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_hold(
+    tmp_path: Path, opened: Opener, damage: str
+) -> None:
     with opened(tmp_path / "keymem.db", Analyzer()) as graph:
         mapped = remember(graph, "맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"])
         remember(graph, "느린 쿼리는 slow log에서 찾는다.", ["느린 쿼리", "slow query"])
-        # As a keymem that did not learn loanwords left it: no list, 맵 (read as 맵다) dropped.
-        graph.store.write(lambda tx: tx.conn.execute("DELETE FROM meta WHERE name = ?", (VOCABULARY_META,)))
+        # As an older keymem left it: 맵 (read as the adjective 맵다) dropped from the index.
+        graph.store.write(lambda tx: tx.conn.execute(damage, (VOCABULARY_META,)))
         graph.store.write(lambda tx: tx.conn.execute(
             "UPDATE memory_fts SET content_tokens = '화면 mapbox gl 그리', key_tokens = 'map mapbox' "
             "WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)", (mapped,)))
