@@ -29,7 +29,7 @@ def test_the_korean_english_set_keeps_its_recall_and_its_silence_on_unanswerable
         rows = bench_korean.run(client, memories, queries)
     figures = bench_korean.report(rows)
     recall, push = figures["recall_mem"], figures["inject"]
-    assert recall["R@5"] >= 0.95, f"recall_memories R@5 {recall['R@5']:.3f} (measured 0.974)"
+    assert recall["R@5"] >= 0.96, f"recall_memories R@5 {recall['R@5']:.3f} (measured 0.979)"
     assert push["not_found"] >= 0.87, f"push-path not-found accuracy {push['not_found']:.3f} (measured 0.938)"
     assert push["R@5"] >= 0.78, f"push-path R@5 {push['R@5']:.3f} (measured 0.807; 0.693 two stops before)"
     across = (push["en_to_ko"] + push["ko_to_en"]) / 2
