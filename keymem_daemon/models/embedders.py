@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -181,6 +182,8 @@ def _same_bytes(path: Path, table: npt.NDArray[np.uint8], chunk: int = 1 << 23) 
 
 # Pieces USE adds around any text, and the one it gives whatever it does not know.
 _USE_BLANK_PIECES: Final = frozenset({"<s>", "</s>", "\u2581", "<unk>"})
+# USE has a piece for every ASCII letter and digit: a text holding one is readable.
+_ASCII_WORD: Final = re.compile(r"[A-Za-z0-9]")
 
 
 class UseEmbedder:
@@ -236,7 +239,7 @@ class UseEmbedder:
         return l2_normalize(rows)
 
     def _unreadable(self, text: str) -> bool:
-        if self._tokenizer is None or len(text) > UNREADABLE_CHECK_CHARS:
+        if self._tokenizer is None or len(text) > UNREADABLE_CHECK_CHARS or _ASCII_WORD.search(text):
             return False
         return all(piece in _USE_BLANK_PIECES for piece in self._tokenizer.encode(text, out_type=str))
 
