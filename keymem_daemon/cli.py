@@ -154,12 +154,16 @@ def cli(state: CliState, data_dir: Path | None) -> None:
         state.data_dir = data_dir.expanduser().resolve()
 
 
-@cli.command()
-@click.option(
+# ``start`` passes it on to the ``run`` it spawns.
+port_option = click.option(
     "--port",
     type=click.IntRange(0, 65535),
     help="Port on 127.0.0.1 (default: KEYMEM_PORT, else free).",
 )
+
+
+@cli.command()
+@port_option
 @click.option(
     "--timeout",
     type=click.FloatRange(0, min_open=True),
@@ -332,11 +336,7 @@ def status(state: CliState, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    help="Port on 127.0.0.1 (default: KEYMEM_PORT, else free).",
-)
+@port_option
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
