@@ -303,9 +303,9 @@ def ensure_model(
         wanted = list(spec.files) if verify else missing_files(spec, dest)
         if not wanted:
             return []
-        fetched = _fetch(spec, dest, wanted, endpoint=endpoint or None, timeout=timeout,
-                         progress=progress, verify=verify, cancel=cancel)
-    return fetched
+        with _reported(spec, dest, progress):
+            return _fetch_files(spec, dest, wanted, endpoint=endpoint or None, timeout=timeout,
+                                progress=progress, verify=verify, cancel=cancel)
 
 
 @contextmanager
@@ -338,22 +338,14 @@ def _remove_stale_parts(dest: Path) -> None:
             logger.debug("cannot remove stale %s", part)
 
 
-def _fetch(
-    spec: ModelSpec,
-    dest: Path,
-    wanted: Sequence[ModelFile],
-    *,
-    endpoint: str | None,
-    timeout: float,
-    progress: DownloadProgress | None,
-    verify: bool,
-    cancel: threading.Event | None,
-) -> list[str]:
+@contextmanager
+def _reported(spec: ModelSpec, dest: Path, progress: DownloadProgress | None) -> Iterator[None]:
+    """Local trouble (the manifest, the disk check) as a ModelError, and any failure shown
+    in the download's progress."""
     try:
         try:
-            return _fetch_files(spec, dest, wanted, endpoint=endpoint, timeout=timeout,
-                                progress=progress, verify=verify, cancel=cancel)
-        except OSError as exc:  # the manifest, the disk check: local trouble, not the hub
+            yield
+        except OSError as exc:
             raise ModelError(f"cannot write {spec.name} into {dest}: {exc}") from exc
     except ModelError as exc:
         if progress is not None:
