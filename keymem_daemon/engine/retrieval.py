@@ -831,12 +831,11 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
     if link_map is None:
         link_map = links_of(conn, [m.id for m in memories])
     key_ids = sorted({k for keys in link_map.values() for k in keys})
-    vectors = [graph.keys.vectors.get(k) for k in key_ids]
     column = {k: i for i, k in enumerate(key_ids)}
     with_vectors = [i for i, t in enumerate(tokens) if t in plan.token_vectors]
     soft = np.zeros((len(tokens), len(key_ids)), dtype=np.float32)
     if with_vectors and key_ids:
-        matrix = np.stack([v if v is not None else np.zeros(graph.embedder.dim, np.float32) for v in vectors])
+        matrix = graph.keys.vectors.stack(key_ids)
         sims = np.stack([plan.token_vectors[tokens[i]] for i in with_vectors]) @ matrix.T
         # A translation sits lower than a same-language synonym (see the embedder profile),
         # so a query word meets a key in the other script at the profile's translation bar.
@@ -1159,8 +1158,7 @@ def _skip_repeats(graph: MemoryGraph, ranked: list[Candidate], top_k: int) -> li
     pool = ranked[:REPEAT_POOL]
     if len(pool) < 2:
         return ranked
-    missing = np.zeros(graph.embedder.dim, dtype=np.float32)
-    bodies = np.stack([v if (v := graph.bodies.get(c.memory_id)) is not None else missing for c in pool])
+    bodies = graph.bodies.stack([c.memory_id for c in pool])
     order = without_repeats([c.score for c in pool], bodies @ bodies.T, top_k)
     return [pool[i] for i in order] + ranked[len(pool):]
 

@@ -120,6 +120,18 @@ class VectorTable:
         vector: Matrix = self._matrix[row].astype(np.float32, copy=False)
         return vector * self._scales[row] if self.quantized else vector
 
+    def stack(self, item_ids: Iterable[str]) -> Matrix:
+        """The rows of ``item_ids`` as one float32 matrix, a zero row for an unknown id."""
+        rows = [self._rows.get(item_id, -1) for item_id in item_ids]
+        matrix, scales = self._matrix, self._scales
+        known = np.array([r >= 0 for r in rows], dtype=bool)
+        picked = np.asarray(rows, dtype=np.intp).clip(min=0)
+        values = matrix[picked].astype(np.float32)
+        if self.quantized:
+            values *= scales[picked][:, None]
+        values[~known] = 0.0
+        return values.reshape(len(rows), self.dim)
+
     def cosines(self, item_ids: Iterable[str], queries: Matrix) -> dict[str, Matrix]:
         """Each known id's cosine with every row of ``queries``, in one matrix product."""
         known: list[str] = []

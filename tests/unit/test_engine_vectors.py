@@ -42,3 +42,21 @@ def test_a_single_query_vector_gives_one_column() -> None:
     got = table.cosines(["a"], np.array([0.6, 0.8, 0.0, 0.0], dtype=np.float32))
     np.testing.assert_allclose(got["a"], [0.6])
     assert table.cosines([], np.zeros(4, dtype=np.float32)) == {}
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_stacked_rows_equal_single_reads_with_zeros_for_unknown_ids(quantized: bool) -> None:
+    rows = unit_rows(300, 16)
+    table = VectorTable(16, quantized=quantized)
+    for i, row in enumerate(rows):
+        table.upsert(f"m{i}", row)
+    table.remove("m7")
+
+    stacked = table.stack(["m299", "m7", "nope", "m0"])
+
+    assert stacked.shape == (4, 16) and stacked.dtype == np.float32
+    for i, item_id in enumerate(["m299", "m7", "nope", "m0"]):
+        single = table.get(item_id)
+        np.testing.assert_allclose(stacked[i], single if single is not None else np.zeros(16), atol=1e-6)
+    assert not stacked[1].any() and not stacked[2].any()
+    assert table.stack([]).shape == (0, 16)
