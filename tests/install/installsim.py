@@ -39,7 +39,7 @@ from typing import Any, Final
 
 import mcp.types as types
 import pytest
-from conftest import live_processes
+from daemon_helpers import live_processes
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from keymem_daemon import runtime

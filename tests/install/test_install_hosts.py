@@ -23,7 +23,7 @@ from typing import Final
 
 import anyio
 import pytest
-from conftest import READY_TIMEOUT, isolated_env, wait_for
+from daemon_helpers import READY_TIMEOUT, isolated_env, wait_for
 from installsim import (
     TEN_TOOLS,
     ClaudeCode,

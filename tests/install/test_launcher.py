@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import anyio
 import pytest
-from conftest import isolated_env, wait_for
+from daemon_helpers import isolated_env, wait_for
 from installsim import (
     TEN_TOOLS,
     McpCommand,

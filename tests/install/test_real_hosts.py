@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import httpx
 import pytest
-from conftest import READY_TIMEOUT, isolated_env, wait_for
+from daemon_helpers import READY_TIMEOUT, isolated_env, wait_for
 from installsim import (
     ROOT,
     TEN_TOOLS,

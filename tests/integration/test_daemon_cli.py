@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import CLI_TIMEOUT, READY_TIMEOUT, DaemonFactory, isolated_env, live_processes, wait_for
+from daemon_helpers import CLI_TIMEOUT, READY_TIMEOUT, DaemonFactory, isolated_env, live_processes, wait_for
 
 from keymem_daemon import __version__, runtime
 

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import DaemonProcess
+from daemon_helpers import DaemonProcess
 
 pytestmark = pytest.mark.timeout(600)
 

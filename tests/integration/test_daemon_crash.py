@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import EXIT_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from daemon_helpers import EXIT_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
 
 CYCLES = 20
 WRITERS = 3

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DaemonFactory
+from daemon_helpers import DaemonFactory
 
 pytestmark = pytest.mark.timeout(120)
 

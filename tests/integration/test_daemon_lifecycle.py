@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
 
 from keymem_daemon import __version__, runtime
 from keymem_daemon.errors import DaemonNotRunning

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DaemonFactory, wait_for
+from daemon_helpers import DaemonFactory, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import DaemonFactory, DaemonProcess
+from daemon_helpers import DaemonFactory, DaemonProcess
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -28,7 +28,7 @@ from typing import Any, Final
 import httpx
 import jsonschema
 import pytest
-from conftest import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
 
 from keymem_daemon import runtime
 from keymem_daemon.errors import DaemonNotRunning

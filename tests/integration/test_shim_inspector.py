@@ -15,7 +15,7 @@ import sys
 from typing import Any, Final
 
 import pytest
-from conftest import DaemonProcess
+from daemon_helpers import DaemonProcess
 
 INSPECTOR: Final = "@modelcontextprotocol/inspector@2.12.0"
 RUN_TIMEOUT: Final = 240.0

@@ -25,7 +25,7 @@ import anyio
 import httpx
 import mcp.types as types
 import pytest
-from conftest import (
+from daemon_helpers import (
     EXIT_TIMEOUT,
     READY_TIMEOUT,
     DaemonFactory,

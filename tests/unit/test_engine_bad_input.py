@@ -1,27 +1,12 @@
 """Bad input through the MCP tool layer: every malformed argument gives a clear error that
 names its field, refusals say what to fix, and none of them changes the store."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    Tools,
-    analyzer,
-    clock,
-    embedder,
-    full_settings,
-    graph,
-    key_id,
-    remember,
-    settings,
-    state,
-    tools,
-)
+from engine_helpers import Tools, key_id, remember, state
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import Host, MemoryGraph

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from engine_fixtures import FakeClock, clock, embedder, remember, settings  # noqa: F401
+from engine_helpers import FakeClock, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import ACTIVE, MemoryGraph

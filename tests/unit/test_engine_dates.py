@@ -1,15 +1,12 @@
 """Dates and periods named in a query resolve to UTC windows against the caller's clock;
 a bare number is never a year."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 import pytest
-from engine_fixtures import START
+from engine_helpers import START
 
 from keymem_daemon.engine.dates import find_window
 

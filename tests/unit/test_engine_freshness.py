@@ -1,26 +1,10 @@
 """Freshness and validity: four decay profiles, the fresh/aging/stale bands with their exact
 boundaries, the rank factor, and the injectable clock driving all of it."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    DAY,
-    START,
-    FakeClock,
-    GraphFactory,
-    analyzer,
-    clock,
-    embedder,
-    graph,
-    graph_with,
-    key_id,
-    remember,
-    settings,
-)
+from engine_helpers import DAY, START, FakeClock, GraphFactory, key_id, remember
 
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import (

@@ -3,25 +3,10 @@ merging on write (exact and alias first, then similarity, never across a qualifi
 weekday), cross-lingual aliases on one canonical key, IDF and hub metadata, and autokey
 alias learning (promote-N, confirm floor, alias cap, prune age)."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    DAY,
-    FakeClock,
-    GraphFactory,
-    analyzer,
-    clock,
-    embedder,
-    graph,
-    graph_with,
-    key_id,
-    remember,
-    settings,
-)
+from engine_helpers import DAY, FakeClock, GraphFactory, key_id, remember
 
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph

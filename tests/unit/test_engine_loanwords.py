@@ -6,9 +6,6 @@ store is opened by an analyser that knows more words, and when an older store is
 Learning changes Kiwi for the whole process, so these tests use analysers of their own
 (each a real Kiwi) and never the process-wide one the other tests share."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -18,15 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    FakeClock,
-    clock,
-    embedder,
-    key_id,
-    open_graph,
-    remember,
-    settings,
-)
+from engine_helpers import FakeClock, key_id, open_graph, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer

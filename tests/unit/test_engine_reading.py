@@ -1,31 +1,21 @@
 """The read side of the walk: browse_keys, read_key, read_memory, and the feedback tools
 confirm_memory and dismiss -- each through the engine and through the MCP tool layer."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import re
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
+from engine_helpers import (
     DAY,
     START,
     FakeClock,
     Tools,
-    analyzer,
-    clock,
-    embedder,
-    full_settings,
-    graph,
     key_id,
     link_weight,
     memory_row,
     remember,
-    settings,
     state,
-    tools,
 )
 
 from keymem_daemon.engine import retrieval

@@ -2,30 +2,20 @@
 ``no_match`` with nearest keys), hybrid recall (lexical + key path + dense, scored on query
 coverage and cosine, depth and freshness, hops, task-evidence selection, named dates) and the push path."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
+from engine_helpers import (
     DAY,
     START,
     FakeClock,
     Tools,
-    analyzer,
-    clock,
-    embedder,
-    full_settings,
-    graph,
     key_id,
     link_weight,
     memory_row,
     remember,
-    settings,
     state,
-    tools,
 )
 
 from keymem_daemon.engine import retrieval

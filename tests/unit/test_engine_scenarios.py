@@ -2,28 +2,12 @@
 bleed, corrections, TTL expiry, namespace isolation and a reopened store -- each run the
 way an agent runs it, through the MCP tools."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    DAY,
-    FakeClock,
-    Tools,
-    analyzer,
-    clock,
-    embedder,
-    full_settings,
-    graph,
-    memory_row,
-    open_graph,
-    settings,
-    tools,
-)
+from engine_helpers import FakeClock, Tools, memory_row, open_graph
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer

@@ -2,28 +2,12 @@
 lexical index, the export and the database files never hold them, and the response says
 what was removed."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    FakeClock,
-    Tools,
-    analyzer,
-    clock,
-    embedder,
-    full_settings,
-    graph,
-    memory_row,
-    open_graph,
-    remember,
-    settings,
-    tools,
-)
+from engine_helpers import FakeClock, Tools, memory_row, open_graph, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer

@@ -1,9 +1,6 @@
 """The SQLite store: WAL, versioned migrations, one transaction per operation, and a
 reopened store that lost nothing."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import sqlite3
@@ -13,19 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    FakeClock,
-    analyzer,
-    clock,
-    embedder,
-    graph,
-    key_id,
-    link_weight,
-    open_graph,
-    remember,
-    settings,
-    state,
-)
+from engine_helpers import FakeClock, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer

@@ -1,23 +1,12 @@
 """Text: one normalisation everywhere, Kiwi morphemes so Korean particles never fuse with
 nouns, NFD input behaving like NFC, and an FTS5 lexical index that follows every write."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import unicodedata
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    analyzer,
-    clock,
-    embedder,
-    graph,
-    key_id,
-    remember,
-    settings,
-)
+from engine_helpers import key_id, remember
 
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph

@@ -1,9 +1,6 @@
 """Export and import: a lossless round trip through a fresh store, upstream keymem's
 graph.json, and malformed imports that name the bad record and change nothing."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import copy
@@ -12,21 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
-    DAY,
-    START,
-    FakeClock,
-    analyzer,
-    clock,
-    embedder,
-    graph,
-    key_id,
-    link_weight,
-    open_graph,
-    remember,
-    settings,
-    state,
-)
+from engine_helpers import DAY, START, FakeClock, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer

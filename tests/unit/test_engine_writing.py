@@ -2,9 +2,6 @@
 related_to, provenance, write hints, exact dedup, concurrency), correct (one-step
 versioning), forget, cleanup_expired, and the extended list/related/stats tools."""
 
-# Fixtures are imported from engine_fixtures and named as test parameters.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import threading
@@ -12,23 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
-from engine_fixtures import (  # noqa: F401 - fixtures
+from engine_helpers import (
     DAY,
     START,
     FakeClock,
     Tools,
-    analyzer,
-    clock,
-    embedder,
-    full_settings,
-    graph,
     key_id,
     link_weight,
     memory_row,
     remember,
-    settings,
     state,
-    tools,
 )
 
 from keymem_daemon.engine import retrieval

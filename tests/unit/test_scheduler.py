@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from daemon_helpers import wait_for
 
 from keymem_daemon.config import Settings
 from keymem_daemon.scheduler import Maintenance

@@ -1,31 +1,21 @@
-"""Shared fixtures for the engine behaviour tests (``tests/unit/test_engine_*.py``).
-
-Every engine test runs against the real thing: a SQLite file under ``tmp_path``, the real
-Kiwi analyser and the real default embedder (USE multilingual v3, behind ``CachedEmbedder``).
-The embedder is built once per session because loading it costs about a second; the Kiwi
-analyser is the process-wide ``default_analyzer()``. Time comes from a ``FakeClock`` the
-tests advance, so freshness, TTL and alias pruning never wait on the wall clock.
-
-Test modules import the fixtures they use from here (``from engine_fixtures import ...``).
-"""
+"""Helpers for the engine behaviour tests: a settable clock, opening a store, calling the
+tools as the daemon does, and reading the store back (its rows, links and whole state).
+The fixtures built from them are in ``conftest.py``."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.model import render
-from keymem_daemon.engine.text import Analyzer, default_analyzer
-from keymem_daemon.models.embedders import CachedEmbedder, Embedder, UseEmbedder
+from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.models.embedders import Embedder
 from keymem_daemon.tools import Context, Outcome, call_tool
 
 DAY = 86400.0
@@ -51,36 +41,6 @@ class FakeClock:
         return self.now
 
 
-@functools.cache
-def shared_embedder() -> Embedder:
-    """One embedder per process. Each test module imports the fixture below, and pytest
-    keeps a separate session fixture per importing module, so the instance lives here."""
-    return CachedEmbedder(UseEmbedder())
-
-
-@pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    """The real default embedder, loaded once for the whole session."""
-    return shared_embedder()
-
-
-@pytest.fixture(scope="session")
-def analyzer() -> Analyzer:
-    analyzer = default_analyzer()
-    analyzer.preload_kiwi()
-    return analyzer
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path)
-
-
 def open_graph(
     path: Path,
     embedder: Embedder,
@@ -91,36 +51,7 @@ def open_graph(
     return MemoryGraph.open(path, embedder, settings, clock=clock, analyzer=analyzer)
 
 
-@pytest.fixture
-def graph(
-    tmp_path: Path, embedder: Embedder, analyzer: Analyzer, settings: Settings, clock: FakeClock
-) -> Iterator[MemoryGraph]:
-    g = open_graph(tmp_path / "keymem.db", embedder, settings, clock, analyzer)
-    try:
-        yield g
-    finally:
-        g.close()
-
-
 GraphFactory = Callable[..., MemoryGraph]
-
-
-@pytest.fixture
-def graph_with(
-    tmp_path: Path, embedder: Embedder, analyzer: Analyzer, clock: FakeClock
-) -> Iterator[GraphFactory]:
-    """``graph_with(hub_min_links=2)``: the ``graph`` fixture's store, opened with those
-    settings changed; closed at teardown."""
-    opened: list[MemoryGraph] = []
-
-    def make(**overrides: Any) -> MemoryGraph:
-        g = open_graph(tmp_path / "keymem.db", embedder, Settings(data_dir=tmp_path, **overrides), clock, analyzer)
-        opened.append(g)
-        return g
-
-    yield make
-    for g in opened:
-        g.close()
 
 
 @dataclass
@@ -144,17 +75,6 @@ class Tools:
         )
         # The tool layer's answer must be JSON as the shim forwards it.
         return json.loads(json.dumps(outcome.result))
-
-
-@pytest.fixture
-def full_settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path, tools="full")
-
-
-@pytest.fixture
-def tools(graph: MemoryGraph, full_settings: Settings) -> Tools:
-    """The full tool surface (the ten default tools and the extended ones)."""
-    return Tools(graph, full_settings, Host())
 
 
 def remember(

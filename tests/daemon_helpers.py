@@ -1,0 +1,257 @@
+"""Real daemons in real processes for the tests, and the one helper that waits.
+
+``wait_for(predicate, timeout)`` is the only place in the tests that sleeps: it polls to a
+deadline. ``DaemonFactory`` (behind the ``daemon`` fixture of ``conftest.py``) runs
+``python -m keymem_daemon run`` with ``HOME`` and ``KEYMEM_DATA_DIR`` under ``tmp_path``,
+waits with the CLI's own ``wait_until_ready``, and at teardown stops it and asserts that
+the process exited cleanly and ``daemon.json`` is gone. Every failure message carries the
+daemon's log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import httpx
+import pytest
+
+from keymem_daemon import runtime
+from keymem_daemon.errors import DaemonNotRunning
+
+T = TypeVar("T")
+
+READY_TIMEOUT: Final = 45.0
+"""Start to ready on a loaded two-core CI machine (typically 2-3 s)."""
+EXIT_TIMEOUT: Final = 30.0
+CLI_TIMEOUT: Final = 60.0
+POLL: Final = 0.02
+
+# Never inherited by a test daemon: they would change what it does or who it thinks calls.
+_SCRUBBED_PREFIXES: Final = ("KEYMEM_", "CLAUDE_", "CODEX_", "HF_", "HUGGINGFACE_")
+
+
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    *,
+    interval: float = POLL,
+    message: str | Callable[[], str] = "condition",
+) -> T:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            pytest.fail(f"timed out after {timeout:g} s waiting for {text}")
+        time.sleep(interval)
+
+
+def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A clean environment for a daemon or CLI under ``tmp_path`` (offline, no reranker)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env.update(
+        {
+            "HOME": str(home),
+            "KEYMEM_DATA_DIR": str(tmp_path / "data"),
+            "KEYMEM_RERANK": "false",
+            # Nothing listens on port 9: no test reaches the network.
+            "KEYMEM_HF_ENDPOINT": "http://127.0.0.1:9",
+            "HF_HUB_OFFLINE": "1",
+            "KEYMEM_LOG_LEVEL": "info",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def live_processes() -> Iterator[tuple[int, bytes, bytes]]:
+    """``(pid, cmdline, environ)`` of every live process but this one, as /proc has them
+    (NUL-separated); none without /proc or for processes whose files cannot be read."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if runtime.pid_alive(pid):
+            yield pid, cmdline, environ
+
+
+def warm_shims(data_dir: Path) -> list[int]:
+    """Live warm shims started for ``data_dir``, and their forks (Linux /proc; else none)."""
+    needle = f"KEYMEM_DATA_DIR={data_dir}".encode()
+    return [
+        pid
+        for pid, cmdline, environ in live_processes()
+        if b"keymem_shim._forkserver" in cmdline and needle in environ.split(b"\0")
+    ]
+
+
+@dataclass
+class DaemonProcess:
+    """One ``keymemd run`` process and how to talk to it."""
+
+    process: subprocess.Popen[bytes]
+    info: runtime.DaemonInfo
+    data_dir: Path
+    env: dict[str, str]
+    output: Path
+    expect_clean_exit: bool = True
+    _clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+    @property
+    def token(self) -> str:
+        return self.info.token
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        parts = []
+        for path in (self.data_dir / "logs" / "daemon.log", self.output):
+            if path.exists():
+                parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-6000:]}")
+        return "\n".join(parts) or "(no log)"
+
+    def client(self, *, token: str | None = None, timeout: float = 30.0, **kwargs: Any) -> httpx.Client:
+        """An HTTP client for this daemon, authenticated unless ``token=""``; closed at teardown."""
+        token = self.token if token is None else token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(kwargs.pop("headers", {}))
+        client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def call(self, tool: str, arguments: Mapping[str, Any], **headers: str) -> dict[str, Any]:
+        """``POST /v1/tools/<tool>``; asserts a 200 and returns ``{result, is_error}``."""
+        response = self.client().post(f"/v1/tools/{tool}", json={"arguments": dict(arguments)}, headers=headers)
+        assert response.status_code == 200, f"{tool}: {response.status_code} {response.text}\n{self.log()}"
+        body: dict[str, Any] = response.json()
+        return body
+
+    def remember(self, content: str, keys: list[str], **extra: Any) -> str:
+        body = self.call("remember", {"content": content, "keys": keys, **extra})
+        assert not body["is_error"] and "saved" in body["result"], body
+        return str(body["result"]["saved"])
+
+    def export(self) -> dict[str, Any]:
+        response = self.client().post("/v1/export", json={})
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()
+        return data
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup runs; ``daemon.json`` stays behind, stale."""
+        self.expect_clean_exit = False
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=EXIT_TIMEOUT)
+
+    def terminate(self) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=EXIT_TIMEOUT)
+
+    def close_clients(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+
+
+class DaemonFactory:
+    """Starts daemons on one data directory (restarts reuse it) and cleans up after them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.data_dir = tmp_path / "data"
+        self.started: list[DaemonProcess] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return isolated_env(self.tmp_path, **extra)
+
+    def spawn(self, **extra_env: str) -> tuple[subprocess.Popen[bytes], Path]:
+        output = self.tmp_path / f"daemon-{len(self.started)}-{time.monotonic_ns()}.out"
+        env = self.env(**extra_env)
+        with open(output, "wb") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "keymem_daemon", "run"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        return process, output
+
+    def start(self, **extra_env: str) -> DaemonProcess:
+        """Run a daemon and return once it is ready (fails with its log otherwise)."""
+        process, output = self.spawn(**extra_env)
+        env = self.env(**extra_env)
+        try:
+            info = runtime.wait_until_ready(self.data_dir, timeout=READY_TIMEOUT, process=process)
+        except DaemonNotRunning as exc:
+            process.kill()
+            process.wait(timeout=EXIT_TIMEOUT)
+            log = output.read_text(errors="replace")
+            daemon_log = self.data_dir / "logs" / "daemon.log"
+            if daemon_log.exists():
+                log += "\n--- daemon.log ---\n" + daemon_log.read_text(errors="replace")[-6000:]
+            pytest.fail(f"daemon did not become ready: {exc.message}\n{log}")
+        assert info.pid == process.pid, "daemon.json names another process"
+        daemon = DaemonProcess(process, info, self.data_dir, env, output)
+        self.started.append(daemon)
+        return daemon
+
+    def stop(self, daemon: DaemonProcess) -> None:
+        """Stop gracefully the way ``keymemd stop`` does and check it exited cleanly."""
+        daemon.close_clients()
+        if daemon.process.poll() is None:
+            runtime.stop_daemon(daemon.info, self.data_dir)
+            daemon.process.wait(timeout=EXIT_TIMEOUT)
+        if daemon.expect_clean_exit:
+            assert daemon.process.returncode == 0, f"daemon exited with {daemon.process.returncode}\n{daemon.log()}"
+
+    def teardown(self) -> None:
+        problems = []
+        for daemon in self.started:
+            try:
+                self.stop(daemon)
+            except (AssertionError, subprocess.TimeoutExpired, DaemonNotRunning) as exc:
+                if daemon.process.poll() is None:
+                    daemon.process.kill()
+                    daemon.process.wait(timeout=EXIT_TIMEOUT)
+                problems.append(f"pid {daemon.pid}: {exc}")
+        # The warm shim goes with its daemon, however the daemon ended.
+        try:
+            wait_for(lambda: not warm_shims(self.data_dir), EXIT_TIMEOUT, message="the warm shims to exit")
+        except pytest.fail.Exception as exc:
+            problems.append(str(exc))
+            for pid in warm_shims(self.data_dir):
+                os.kill(pid, signal.SIGKILL)
+        if self.started and self.started[-1].expect_clean_exit:
+            info_file = self.data_dir / runtime.INFO_FILE
+            if info_file.exists():
+                problems.append(f"{info_file} is still there after the daemon exited")
+        if problems:
+            log = self.started[-1].log() if self.started else ""
+            pytest.fail("daemon teardown: " + "; ".join(problems) + "\n" + log)
