@@ -126,11 +126,11 @@ class VectorTable:
         matrix, scales = self._matrix, self._scales
         known = np.array([r >= 0 for r in rows], dtype=bool)
         picked = np.asarray(rows, dtype=np.intp).clip(min=0)
-        values = matrix[picked].astype(np.float32)
+        values: Matrix = matrix[picked].astype(np.float32)
         if self.quantized:
             values *= scales[picked][:, None]
         values[~known] = 0.0
-        return values.reshape(len(rows), self.dim)
+        return values
 
     def cosines(self, item_ids: Iterable[str], queries: Matrix) -> dict[str, Matrix]:
         """Each known id's cosine with every row of ``queries``, in one matrix product."""
