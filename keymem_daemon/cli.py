@@ -324,8 +324,12 @@ def status(state: CliState, as_json: bool) -> None:
     if data["embedder"]:
         lines.append(f"  embedder:  {data['embedder']}")
     if isinstance(data["reranker"], dict):
-        detail = data["reranker"].get("detail")
-        lines.append(f"  reranker:  {data['reranker'].get('state')}" + (f" ({detail})" if detail else ""))
+        rerank = data["reranker"]
+        detail = rerank.get("detail")
+        lines.append(f"  reranker:  {rerank.get('state')}" + (f" ({detail})" if detail else ""))
+        if rerank.get("tokens_per_second"):
+            lines.append(f"             {rerank['tokens_per_second']} tokens/s; within {rerank['budget_ms']} ms "
+                         f"for a tool call and {rerank['inject_budget_ms']} ms for the prompt hook")
     if data["learned_words"]:
         lines.append(f"  loanwords: {', '.join(data['learned_words'])} (taught to the Korean analyser)")
     warm = data["warm_shim"] or "none (hosts' shims import the MCP SDK themselves)"

@@ -143,6 +143,11 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "Candidates rescored by the reranker."),
     Variable("KEYMEM_RERANK_THREADS", "rerank_threads", _number(int, 1, 64), "min(4, cores)",
              "Threads for reranker inference."),
+    Variable("KEYMEM_RERANK_BUDGET_MS", "rerank_budget_ms", _number(int, 0, 600_000), "500",
+             "Time a tool call may spend in the reranker: it scores the best candidates it can "
+             "finish in time (measured speed); 0 = never."),
+    Variable("KEYMEM_INJECT_RERANK_BUDGET_MS", "inject_rerank_budget_ms", _number(int, 0, 600_000), "80",
+             "The same for the prompt hook's /v1/inject, which runs on every prompt."),
     Variable("KEYMEM_HF_ENDPOINT", "hf_endpoint", _text, "(huggingface-hub default)",
              "Model hub address for downloads (HF_ENDPOINT is honoured too)."),
     Variable("KEYMEM_DOWNLOAD_TIMEOUT", "download_timeout", parse_duration, "10",
@@ -225,6 +230,8 @@ class Settings:
     rerank_model_path: Path | None = None
     rerank_pool: int = 30
     rerank_threads: int = field(default_factory=_default_threads)
+    rerank_budget_ms: int = 500
+    inject_rerank_budget_ms: int = 80
     hf_endpoint: str = ""
     download_timeout: float = 10.0
     auto_migrate: bool = True

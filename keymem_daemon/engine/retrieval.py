@@ -459,8 +459,10 @@ def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPl
     if not memories:
         return {}
     if graph.reranker is not None:
-        logits = graph.reranker.score(plan.text, [m.content for m in memories])
-        if logits is not None:
+        logits = graph.reranker.score(plan.text, [m.content for m in memories],
+                                      budget=graph.settings.rerank_budget_ms / 1000)
+        # All or none: a sigmoid and a fused relevance are not on one scale.
+        if logits is not None and len(logits) == len(memories):
             return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits, strict=True)}
     cover = coverage_scores(graph, conn, plan, memories)
     cosines = graph.bodies.cosines([m.id for m in memories], plan.focus_vector)
@@ -957,7 +959,7 @@ class HybridResult:
 def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k: int = 5, hops: int = 2,
                   min_rel_score: float = 0.0, min_depth: float = 0.0, reinforce: bool = True,
                   context: str | None = None, max_chars: int | None = None,
-                  plan: QueryPlan | None = None) -> HybridResult:
+                  plan: QueryPlan | None = None, rerank_budget_ms: int | None = None) -> HybridResult:
     """Memories for a query, best first.
 
     Candidates come from three channels -- lexical BM25 over text and keys, the key path
@@ -967,7 +969,9 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     multiplies, depth and freshness modulate, and memories of the same episode as the best
     ones, or sharing their specific keys, share a little of their score. Hops along narrow
     keys and explicit links add associated memories. A memory that says again, in other
-    words, what a better-ranked one says yields its place to the next different one."""
+    words, what a better-ranked one says yields its place to the next different one. A
+    ready cross-encoder then reorders the best candidates it can score within
+    ``rerank_budget_ms`` (default: the tools' budget; the push path passes its own)."""
     now = graph.clock()
     plan = plan or plan_query(graph, query)
     cue = plan if not context or context == query else plan_query(graph, context[:4000])
@@ -1089,7 +1093,8 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         ranked = [c for c in ranked if found[c.memory_id].depth >= min_depth]
     # Before the cross-encoder, which judges each memory alone: its order, when it runs, wins.
     ranked = _skip_repeats(graph, ranked, top_k)
-    ranked = _rerank(graph, cue.text, ranked, found, top_k)
+    budget = graph.settings.rerank_budget_ms if rerank_budget_ms is None else rerank_budget_ms
+    ranked = _rerank(graph, cue.text, ranked, found, top_k, budget / 1000)
     if graph.settings.task_evidence and is_comparison(query):
         ranked = _project(graph, query, ranked, link_map, top_k)
     chosen = ranked[:top_k]
@@ -1164,17 +1169,19 @@ def _skip_repeats(graph: MemoryGraph, ranked: list[Candidate], top_k: int) -> li
 
 
 def _rerank(graph: MemoryGraph, query: str, ranked: list[Candidate], found: Mapping[str, Memory],
-            top_k: int) -> list[Candidate]:
+            top_k: int, budget: float) -> list[Candidate]:
+    """The best candidates in the cross-encoder's order: as many as it scores within
+    ``budget`` seconds (the rest keep their fused order behind them)."""
     if graph.reranker is None or len(ranked) < 2:
         return ranked
     pool = ranked[: max(top_k, graph.settings.rerank_pool)]
-    logits = graph.reranker.score(query, [found[c.memory_id].content for c in pool])
-    if logits is None:
+    logits = graph.reranker.score(query, [found[c.memory_id].content for c in pool], budget=budget)
+    if logits is None or len(logits) < 2:  # one candidate scored alone has nothing to be ordered against
         return ranked
-    order = sorted(range(len(pool)), key=lambda i: -float(logits[i]))
+    order = sorted(range(len(logits)), key=lambda i: -float(logits[i]))
     for i in order:
         pool[i].raw = max(pool[i].raw, sigmoid(float(logits[i])))
-    return [pool[i] for i in order] + ranked[len(pool):]
+    return [pool[i] for i in order] + ranked[len(logits):]
 
 
 def _project(graph: MemoryGraph, query: str, ranked: list[Candidate],
@@ -1320,7 +1327,7 @@ def inject(graph: MemoryGraph, prompt: str, *, scope: Scope, top_k: int = 2, max
     query = text[:4000]
     # No hops: a memory reached only by a hop has no relevance of its own to clear the floor.
     result = hybrid_recall(graph, query, scope=scope, top_k=max(3 * top_k, 15), hops=1, reinforce=False,
-                           max_chars=max_chars)
+                           max_chars=max_chars, rerank_budget_ms=graph.settings.inject_rerank_budget_ms)
     picked: list[InjectedMemory] = []
     for hit in result.hits:
         # BM25-only and unanchored hop memories never ride in on their own.

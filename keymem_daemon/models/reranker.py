@@ -15,6 +15,13 @@ logit per pair. ``RerankerManager`` owns it for the daemon, following ``KEYMEM_R
   and is retried after ``RETRY_BACKOFF`` seconds, on the next ``score`` or ``start``; the
   same failure again is logged at DEBUG only. After a load or run failure the retry
   re-checks the files against the hub, so a corrupt file is fetched again.
+
+A cross-encoder reads every (query, memory) pair through the whole model: bge-reranker-v2-m3
+is XLM-RoBERTa-large, about 28 times the compute per token of all-MiniLM-L6-v2, which (int8,
+two cores) takes 0.2-0.4 s for 30 pairs of 80-150 tokens. So a caller passes a time budget:
+the reranker measures its own speed (seconds per token, from a calibration run when it
+loads and from every batch since) and scores only the best candidates it can finish in
+time -- none when another call keeps it busy that long. Ordering needs at least two.
 """
 
 from __future__ import annotations
@@ -63,6 +70,12 @@ RERANKER_SPEC: Final = ModelSpec(
 MAX_TEXT_CHARS: Final = 512
 # Pairs per forward pass; pairs are sorted by length first so a batch pads little.
 RERANK_BATCH: Final = 16
+# Calibration: pairs of a query and a memory-sized text, run once to warm the session up
+# and once to time it; later batches update the speed with this weight.
+CALIBRATION_PAIRS: Final = 8
+CALIBRATION_TEXT: Final = ("The staging database is reset every Sunday at 03:00 UTC, so long-running tests "
+                           "should seed their own fixtures instead of relying on yesterday's rows.")
+SPEED_WEIGHT: Final = 0.3
 # Seconds before a failed reranker is tried again (fetch, load or run).
 RETRY_BACKOFF: Final = 600.0
 # How long close() waits for the background thread between two download chunks.
@@ -82,25 +95,64 @@ class OnnxReranker:
         self._output: str = self._session.get_outputs()[0].name
         # One batch at a time, so concurrent recalls stay within the thread cap.
         self._lock = threading.Lock()
+        self._seconds_per_token = 0.0
         try:
-            self.score("warm up", ["warm up"])
+            pairs = [CALIBRATION_TEXT] * CALIBRATION_PAIRS
+            self.score("when is the staging database reset?", pairs)  # first run: allocation
+            self._seconds_per_token = 0.0
+            self.score("when is the staging database reset?", pairs)
         except Exception as exc:  # a graph that loads but cannot run is as broken as a bad file
             raise ModelError(f"{model_dir / MODEL_FILE} cannot run: {exc}") from exc
 
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+    @property
+    def tokens_per_second(self) -> float:
+        """The measured speed (a calibration run when loaded, every batch since)."""
+        return 1.0 / self._seconds_per_token if self._seconds_per_token > 0 else 0.0
+
+    def score(self, query: str, texts: Sequence[str], *, budget: float | None = None) -> list[float]:
+        """One raw logit per text of ``texts[:n]``. Without a budget n is all of them; with
+        one (seconds) it is the longest prefix -- callers pass their best candidates first --
+        that the measured speed says will be scored in time, waiting for a busy model
+        included (none at all if it stays busy that long)."""
         if not texts:
             return []
+        started = time.perf_counter()
         # encode() per pair applies the tokenizer's pair template (<s> q </s></s> t </s>).
         encodings = [self._tokenizer.encode(query, text[:MAX_TEXT_CHARS]) for text in texts]
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        scores = [0.0] * len(texts)
-        with self._lock:
+        if budget is not None and self._affordable(encodings, budget) == 0:
+            return []
+        if budget is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=max(0.0, budget - (time.perf_counter() - started))):
+            return []  # busy with another call for longer than this one may wait
+        try:
+            if budget is not None:
+                encodings = encodings[:self._affordable(encodings, budget - (time.perf_counter() - started))]
+                if not encodings:
+                    return []
+            order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+            scores = [0.0] * len(encodings)
             for start in range(0, len(order), RERANK_BATCH):
                 chunk = order[start : start + RERANK_BATCH]
                 logits = self._run([encodings[i] for i in chunk])
                 for i, value in zip(chunk, logits, strict=True):
                     scores[i] = float(value)
+        finally:
+            self._lock.release()
         return scores
+
+    def _affordable(self, encodings: Sequence[Any], seconds: float) -> int:
+        """How many of ``encodings``, from the first, the measured speed scores in ``seconds``:
+        the tokens their batches run, each batch padded to its longest pair."""
+        lengths: list[int] = []
+        for n, enc in enumerate(encodings):
+            lengths.append(len(enc.ids))
+            ordered = sorted(lengths)
+            tokens = sum(len(batch) * batch[-1] for batch in (
+                ordered[i:i + RERANK_BATCH] for i in range(0, len(ordered), RERANK_BATCH)))
+            if tokens * self._seconds_per_token > seconds:
+                return n
+        return len(encodings)
 
     def _run(self, encodings: Sequence[Any]) -> list[float]:
         width = max(len(e.ids) for e in encodings)
@@ -117,7 +169,11 @@ class OnnxReranker:
             feeds["attention_mask"] = mask
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = types
+        started = time.perf_counter()
         out = np.asarray(self._session.run([self._output], feeds)[0], dtype=np.float32)
+        rate = (time.perf_counter() - started) / ids.size
+        self._seconds_per_token = rate if self._seconds_per_token == 0 else (
+            (1 - SPEED_WEIGHT) * self._seconds_per_token + SPEED_WEIGHT * rate)
         # [batch, 1] for bge rerankers; with two classes the last column is "relevant".
         return [float(v) for v in out.reshape(len(encodings), -1)[:, -1]]
 
@@ -173,8 +229,9 @@ class RerankerManager:
         with self._lock:
             self._start_locked()
 
-    def score(self, query: str, texts: Sequence[str]) -> list[float] | None:
-        """One score per text (higher = more relevant), or None when the caller should use
+    def score(self, query: str, texts: Sequence[str], *, budget: float | None = None) -> list[float] | None:
+        """One score per text of ``texts[:n]`` (higher = more relevant; see
+        ``OnnxReranker.score`` for ``budget`` and n), or None when the caller should use
         fused ranking: disabled, still downloading or loading, or failed."""
         if self.mode == "false":
             return None
@@ -184,7 +241,7 @@ class RerankerManager:
                 self._start_locked()
                 return None
         try:
-            return reranker.score(query, texts)
+            return reranker.score(query, texts, budget=budget)
         except Exception as exc:  # onnxruntime errors are untyped; any of them ends this model
             self._fail(f"reranker {RERANKER_SPEC.name} failed to run: {exc}", verify=True,
                        dropped=reranker)
@@ -193,7 +250,7 @@ class RerankerManager:
     def status(self) -> dict[str, Any]:
         """For ``/v1/stats`` and ``keymemd status``: mode, state and which ranking recall uses."""
         with self._lock:
-            state, detail = self._state, self._detail
+            state, detail, reranker = self._state, self._detail, self._reranker
             retry_in = None
             if state == "failed" and self._failed_at is not None:
                 retry_in = max(0.0, self._failed_at + self._retry_backoff - self._clock())
@@ -204,8 +261,12 @@ class RerankerManager:
             "model": RERANKER_SPEC.name,
             "path": str(self.model_dir),
             "pool": self.pool,
+            "budget_ms": self._settings.rerank_budget_ms,
+            "inject_budget_ms": self._settings.inject_rerank_budget_ms,
             "detail": detail,
         }
+        if reranker is not None:
+            out["tokens_per_second"] = round(reranker.tokens_per_second)
         if retry_in is not None:
             out["retry_in_s"] = round(retry_in, 1)
         if state == "downloading" and self._progress is not None:
