@@ -88,7 +88,7 @@ def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[
                 retrieval.hybrid_recall(graph, query, top_k=5, reinforce=False)
             times[name].append(time.perf_counter() - t0)
             pairs[name].append(sum(scored))
-    speed = manager._reranker.tokens_per_second if manager is not None and manager._reranker else 0.0
+    speed = manager.status().get("tokens_per_second", 0) if manager is not None else 0
     graph.close()
     if manager is not None:
         manager.close()
