@@ -265,6 +265,10 @@ class Analyzer:
             new = sorted(wanted - self._learned)
             for word in new:
                 kiwi.add_user_word(word, "NNP")
+            # Kiwi rebuilds its model on the first analysis after a change (about 0.25 s):
+            # pay for that here, in the write or the start that taught the word, not in the
+            # next prompt's read.
+            kiwi.tokenize(new[0])
             self._learned = self._learned | set(new)
             # Cached analyses of keys predate the words.
             Analyzer.key_tokens.cache_clear()

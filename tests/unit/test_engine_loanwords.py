@@ -8,6 +8,7 @@ Learning changes Kiwi for the whole process, so these tests use analysers of the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -95,6 +96,23 @@ def test_a_learned_loanword_is_cut_whole_in_every_sentence(learner: Analyzer) ->
         assert word in learner.index_tokens(sentence), sentence
     assert learner.compact("도커") == "도커"
     assert learner.key_tokens("지라") == ("지라",)
+
+
+def test_learning_pays_for_kiwis_rebuild_so_the_next_read_does_not() -> None:
+    """Kiwi rebuilds its model on the first analysis after ``add_user_word`` (about 0.25 s
+    here). That analysis is the learn's own, so the prompt after it (the hook's read, or the
+    first query after a daemon start that learned its store's words) runs at full speed."""
+    analyzer = Analyzer()
+    analyzer.preload_kiwi()
+    analyzer.analyze("워밍업 문장")
+    started = time.perf_counter()
+    analyzer.learn(["지라"])
+    learned = time.perf_counter() - started
+    started = time.perf_counter()
+    analyzer.analyze("노션은 뭐에 써?")
+    read = time.perf_counter() - started
+
+    assert read * 10 < learned, (read, learned)
 
 
 def test_remembering_a_loanword_key_recuts_the_memories_and_keys_that_hold_it(
