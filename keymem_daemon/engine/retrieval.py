@@ -26,7 +26,7 @@ import re
 import sqlite3
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final
@@ -454,16 +454,10 @@ class Member:
 
 def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
                      memories: Sequence[Memory]) -> dict[str, float]:
-    """Content relevance in [0, 1] of each memory to the query: the cross-encoder's
-    sigmoid when a reranker is ready, else its query coverage mixed with its body cosine."""
+    """Content relevance in [0, 1] of each memory to the query: its query coverage mixed
+    with its body cosine (the cross-encoder's, for the best members, in ``_reranked``)."""
     if not memories:
         return {}
-    if graph.reranker is not None:
-        logits = graph.reranker.score(plan.text, [m.content for m in memories],
-                                      budget=graph.settings.rerank_budget_ms / 1000)
-        # All or none: a sigmoid and a fused relevance are not on one scale.
-        if logits is not None and len(logits) == len(memories):
-            return {m.id: sigmoid(float(x)) for m, x in zip(memories, logits, strict=True)}
     cover = coverage_scores(graph, conn, plan, memories)
     cosines = graph.bodies.cosines([m.id for m in memories], plan.focus_vector)
     return {m.id: relevance(cover.get(m.id, 0.0), float(cosines[m.id][0]) if m.id in cosines else 0.0)
@@ -515,18 +509,42 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
         relevance: dict[str, float] = {}
         if plan is not None:
             relevance = member_relevance(graph, conn, plan, memories)
-        ranked = []
-        for m in memories:
-            rel = relevance.get(m.id) if plan is not None else None
+
+        def member(m: Memory, rel: float | None) -> Member:
             base = (rel if rel is not None else 1.0) * weights[m.id]
             score = base * depth_factor(m.depth) * graph.rank_factor_of(m, now)
             if plan is not None and plan.window is not None and plan.window.contains(m.when):
                 score *= TEMPORAL_BOOST
-            ranked.append(Member(m, weights[m.id], rel, score))
-        ranked.sort(key=lambda x: (-x.score, -x.memory.created_at))
+            return Member(m, weights[m.id], rel, score)
+
+        ranked = sorted((member(m, relevance.get(m.id)) for m in memories), key=_member_order)
+        if plan is not None:
+            ranked = _reranked(graph, plan, ranked, member)
         return ranked, total
 
     return graph.store.read(read)
+
+
+def _member_order(m: Member) -> tuple[float, float]:
+    return -m.score, -m.memory.created_at
+
+
+def _reranked(graph: MemoryGraph, plan: QueryPlan, ranked: list[Member],
+              member: Callable[[Memory, float], Member]) -> list[Member]:
+    """A key's best members scored again with the cross-encoder's relevance in place of
+    the fused one, as many as it scores within the tools' budget; they are reordered among
+    themselves and the rest keep their places (a sigmoid and a fused relevance are not on
+    one scale)."""
+    if graph.reranker is None or len(ranked) < 2:
+        return ranked
+    pool = ranked[:graph.settings.rerank_pool]
+    logits = graph.reranker.score(plan.text, [m.memory.content for m in pool],
+                                  budget=graph.settings.rerank_budget_ms / 1000)
+    if logits is None or len(logits) < 2:
+        return ranked
+    head = sorted((member(m.memory, sigmoid(float(x))) for m, x in zip(pool, logits, strict=False)),
+                  key=_member_order)
+    return head + ranked[len(logits):]
 
 
 def _prefilter(graph: MemoryGraph, plan: QueryPlan, ids: Sequence[str], weights: Mapping[str, float],

@@ -24,6 +24,7 @@ from fake_hub import build_cross_encoder, minilm_files
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.text import normalize
 from keymem_daemon.models.embedders import CachedEmbedder, Embedder, UseEmbedder
 from keymem_daemon.models.reranker import OnnxReranker, RerankerManager
 
@@ -176,6 +177,30 @@ def test_recall_follows_the_reranker_within_its_budget_and_the_push_path_within_
     # The push path spends its own budget: none for the first store, plenty for the second.
     assert pushed(reranked, query) == pushed(fused, query)
     assert pushed(no_time, query)[:2] == order(reranked, query)[:2]
+
+
+def test_a_keys_best_members_follow_the_reranker_within_the_tools_budget(
+    open_with: Callable[..., MemoryGraph],
+) -> None:
+    query = "which dessert or fruit do we have?"
+
+    def members(graph: MemoryGraph) -> list[str]:
+        kid = graph.keys.by_norm(normalize("fruit"))
+        assert kid is not None
+        ranked, _ = retrieval.rank_key_members(graph, kid, query, None, pool=30)
+        return [m.memory.content for m in ranked]
+
+    fused = open_with(False)
+    reranked = open_with(True, rerank_budget_ms=60_000)
+    no_time = open_with(True, rerank_budget_ms=0)
+
+    # read_key and recall's passive Top-1 rank a key's members this way.
+    assert members(reranked)[:2] == ["The office fruit bowl gets apple deliveries on Monday.",
+                                     "Banana bread is the weekend dessert."]
+    assert members(fused) != members(reranked)
+    assert members(no_time) == members(fused)
+    top = retrieval.recall(reranked, query).memories[0].content
+    assert top == "The office fruit bowl gets apple deliveries on Monday."
 
 
 def test_a_daemon_with_a_ready_reranker_reports_its_speed_and_budgets(
