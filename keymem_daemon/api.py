@@ -92,6 +92,8 @@ class HealthOut(BaseModel):
     version: str
     pid: int
     error: str | None = Field(None, description="Why loading failed (status failed only).")
+    detail: str | None = Field(None, description="What a long start is doing, with its progress "
+                                                 "(status starting only).")
 
 
 class ToolDefinition(BaseModel):

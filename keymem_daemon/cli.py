@@ -314,8 +314,11 @@ def status(state: CliState, as_json: bool) -> None:
     }
     if health.get("error"):
         data["error"] = health["error"]
+    if health.get("detail"):
+        data["detail"] = health["detail"]
     lines = [
         f"keymemd {info.version} {data['state']} on {info.url} (pid {info.pid})",
+        *([f"  loading:   {data['detail']}"] if data.get("detail") else []),
         f"  data dir:  {info.data_dir}",
         f"  uptime:    {_duration(data['uptime_s'])}",
     ]

@@ -397,7 +397,8 @@ def wait_until_ready(
             elif health.get("status") == "failed":
                 raise DaemonNotRunning(f"keymemd (pid {info.pid}) failed to load: {health.get('error', 'see the log')}")
             else:
-                last = f"pid {info.pid} is still {health.get('status', 'starting')}"
+                detail = health.get("detail")
+                last = f"pid {info.pid} is still {health.get('status', 'starting')}" + (f": {detail}" if detail else "")
         if process is not None and process.poll() is not None:
             raise DaemonNotRunning(f"keymemd exited with code {process.returncode} while starting ({last})")
         if time.monotonic() >= deadline:

@@ -57,6 +57,8 @@ class Service:
         self.clock = clock
         self.state: State = "starting"
         self.error: str | None = None
+        # What a long load is doing (re-embedding the store for a new embedder), for /health.
+        self.detail: str | None = None
         self.started_at = clock()
         self.graph: MemoryGraph | None = None
         self.embedder_note: str | None = None
@@ -89,18 +91,23 @@ class Service:
             graph = MemoryGraph.open(
                 self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
                 reranker=self.reranker if self.settings.rerank != "false" else None,
-                progress=lambda kind, done, total: logger.info("re-embedding %s: %d/%d", kind, done, total))
+                progress=self._re_embedding)
             if graph.has_hangul_content():
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
             retrieval.hybrid_recall(graph, "warm up", reinforce=False)
             self.graph = graph
+            self.detail = None
             self.state = "ready"
             logger.info("ready in %.2f s (embedder %s)", time.perf_counter() - started, embedder.fingerprint)
         except Exception as exc:
             self.state = "failed"
             self.error = str(exc)
             logger.exception("loading failed")
+
+    def _re_embedding(self, kind: str, done: int, total: int) -> None:
+        self.detail = f"re-embedding the store for a new embedder: {done}/{total} ({kind})"
+        logger.info("re-embedding %s: %d/%d", kind, done, total)
 
     def close(self) -> None:
         if self.reranker is not None:
@@ -122,6 +129,8 @@ class Service:
         out: dict[str, Any] = {"status": self.state, "version": __version__, "pid": os.getpid()}
         if self.error:
             out["error"] = self.error
+        if self.detail and self.state == "starting":
+            out["detail"] = self.detail
         return out
 
     # -- host identity --------------------------------------------------------------------
