@@ -121,6 +121,8 @@ EVIDENCE_KINDS: Final = ("user", "authoritative_source", "observation")
 ID_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
 # The meta row listing the loanwords the store's index was cut with (``Analyzer.learn``).
 VOCABULARY_META: Final = "learned_words"
+# The fingerprint of a store whose re-embedding for a new model has begun but not ended.
+PARTIAL: Final = "partial:"
 
 _MEMORY_COLUMNS: Final = (
     "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
@@ -401,35 +403,65 @@ class MemoryGraph:
         count = self.store.read(lambda c: c.execute("SELECT COUNT(*) FROM keys").fetchone()[0])
         if fingerprint is not None and count:
             if not self.settings.auto_migrate:
+                was = (f"half re-embedded for {fingerprint.removeprefix(PARTIAL)}"
+                       if fingerprint.startswith(PARTIAL) else f"embedded with {fingerprint}")
                 raise StoreError(
-                    f"the store was embedded with {fingerprint} but the embedder is now "
+                    f"the store was {was} but the embedder is now "
                     f"{self.embedder.fingerprint}; set KEYMEM_AUTO_MIGRATE=true to re-embed its "
                     f"{count} keys once (a backup is taken first), or switch the model back"
                 )
-            self._reembed(fingerprint, progress)
-        self.store.write(lambda tx: self._set_meta(tx.conn, {
-            "embedder_fingerprint": self.embedder.fingerprint, "embedder_dim": str(self.embedder.dim)}))
+            self._reembed(fingerprint, stored, progress)
 
-    def _reembed(self, old: str, progress: Callable[[str, int, int], None] | None) -> None:
-        tag = re.sub(r"[^A-Za-z0-9._-]", "_", old)
-        backup = self.settings.backup_dir / f"keymem-before-reembed-{tag}-{int(self.clock())}.db"
-        self.store.backup_to(backup)
-        logger.info("embedder changed (%s -> %s): backed up to %s, re-embedding",
-                    old, self.embedder.fingerprint, backup)
-        keys = self.store.read(lambda c: c.execute("SELECT id, concept FROM keys").fetchall())
-        mems = self.store.read(lambda c: c.execute(
-            "SELECT id, content FROM memories WHERE vector IS NOT NULL").fetchall())
-        total = len(keys) + len(mems)
+        def stamp(tx: Tx) -> None:
+            self._set_meta(tx.conn, {"embedder_fingerprint": self.embedder.fingerprint,
+                                     "embedder_dim": str(self.embedder.dim)})
+            tx.conn.execute("DELETE FROM meta WHERE name LIKE 'reembed_%'")
+
+        self.store.write(stamp)
+
+    def _reembed(self, old: str, stored: Mapping[str, str],
+                 progress: Callable[[str, int, int], None] | None) -> None:
+        """Embed every key and memory body again, a chunk per transaction. Before the first
+        chunk the store is marked as half re-embedded (``PARTIAL`` + the new fingerprint), so
+        a start that is interrupted -- a kill, a crash -- is never taken for a store in one
+        embedding space: the next start with the same model resumes after the last chunk
+        written, and one with any other model (the old one too) embeds everything again."""
+        fingerprint = self.embedder.fingerprint
+        done_at = {kind: int(stored.get(f"reembed_{kind}_done", "0")) for kind in ("keys", "memories")}
+        if old == PARTIAL + fingerprint:
+            logger.info("resuming the re-embedding for %s where it stopped", fingerprint)
+        else:
+            done_at = dict.fromkeys(done_at, 0)
+            tag = re.sub(r"[^A-Za-z0-9._-]", "_", old)
+            backup = self.settings.backup_dir / f"keymem-before-reembed-{tag}-{int(self.clock())}.db"
+            self.store.backup_to(backup)
+            logger.info("embedder changed (%s -> %s): backed up to %s, re-embedding", old, fingerprint, backup)
+            self.store.write(lambda tx: self._set_meta(tx.conn, {
+                "embedder_fingerprint": PARTIAL + fingerprint, "reembed_keys_done": "0",
+                "reembed_memories_done": "0"}))
+
+        def remaining(sql: str, after: int) -> list[Any]:
+            return self.store.read(lambda c: c.execute(sql, (after,)).fetchall())
+
+        work = {
+            "keys": remaining("SELECT rowid, id, concept FROM keys WHERE rowid > ? ORDER BY rowid",
+                              done_at["keys"]),
+            "memories": remaining("SELECT rowid, id, content FROM memories WHERE vector IS NOT NULL AND rowid > ? "
+                                  "ORDER BY rowid", done_at["memories"]),
+        }
+        total = sum(len(rows) for rows in work.values())
         done = 0
-        for kind, rows, table, column in (("keys", keys, "keys", "concept"),
-                                          ("memories", mems, "memories", "content")):
+        for kind, rows in work.items():
+            table = kind  # the tables are named for what they hold
             for start in range(0, len(rows), 256):
                 chunk = rows[start:start + 256]
-                vectors = self.embedder.embed([r[column] for r in chunk])
-                pairs = [(vector_bytes(v), r["id"]) for r, v in zip(chunk, vectors, strict=True)]
+                vectors = self.embedder.embed([r[2] for r in chunk])
+                pairs = [(vector_bytes(v), r[1]) for r, v in zip(chunk, vectors, strict=True)]
 
-                def update(tx: Tx, pairs: list[tuple[bytes, str]] = pairs, table: str = table) -> None:
+                def update(tx: Tx, pairs: list[tuple[bytes, str]] = pairs, table: str = table, kind: str = kind,
+                           last: int = chunk[-1][0]) -> None:
                     tx.conn.executemany(f"UPDATE {table} SET vector = ? WHERE id = ?", pairs)
+                    self._set_meta(tx.conn, {f"reembed_{kind}_done": str(last)})
 
                 self.store.write(update)
                 done += len(chunk)

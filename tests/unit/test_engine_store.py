@@ -385,6 +385,82 @@ def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
         migrated.close()
 
 
+class Crashed(Exception):
+    """Stands for the process dying in the middle of a re-embedding."""
+
+
+class Negated(Renamed):
+    """Another embedding space (every vector negated), which can die once it embedded
+    ``survive`` texts (``calls`` counts texts)."""
+
+    def __init__(self, inner: Embedder, survive: int | None = None) -> None:
+        super().__init__(inner, "test:negated")
+        self.survive = survive
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.survive is not None and self.calls >= self.survive:
+            raise Crashed
+        return -super().embed(texts)
+
+
+def key_vectors_from(graph: MemoryGraph, embedder: Embedder) -> int:
+    """How many of the store's key vectors are the given embedder's vector of the concept."""
+    keys = list(graph.keys.all())
+    fresh = embedder.embed([k.concept for k in keys])
+    return sum(1 for k, v in zip(keys, fresh, strict=True) if float(graph.keys.vectors.get(k.id) @ v) > 0.99)
+
+
+@pytest.fixture
+def many_keys(tmp_path: Path, embedder: Embedder, analyzer: Analyzer, settings: Settings,
+              clock: FakeClock) -> Path:
+    """A store of 600 keys: three chunks of a re-embedding."""
+    path = tmp_path / "keymem.db"
+    g = open_graph(path, embedder, settings, clock, analyzer)
+    for i in range(300):
+        remember(g, f"note {i}: the deploy queue of team {i}", [f"team {i}", f"queue {i}", "deploy"])
+    g.close()
+    return path
+
+
+def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_returns(
+    many_keys: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    with pytest.raises(Crashed):
+        MemoryGraph.open(many_keys, Negated(embedder, survive=256), settings, clock=clock)
+
+    # Without the mark, the old fingerprint would still stand and 256 keys keep the new
+    # model's vectors; with it, going back to the old model embeds everything again.
+    with pytest.raises(StoreError, match="half re-embedded for test:negated"):
+        MemoryGraph.open(many_keys, embedder, settings.replace(auto_migrate=False), clock=clock)
+    back = MemoryGraph.open(many_keys, embedder, settings, clock=clock)
+    try:
+        assert key_vectors_from(back, embedder) == len(list(back.keys.all())) == 601
+    finally:
+        back.close()
+
+
+def test_a_re_embedding_cut_short_resumes_where_it_stopped(
+    many_keys: Path, tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+) -> None:
+    first = Negated(embedder, survive=512)
+    with pytest.raises(Crashed):
+        MemoryGraph.open(many_keys, first, settings, clock=clock)
+    assert first.calls == 512
+
+    again = Negated(embedder)
+    resumed = MemoryGraph.open(many_keys, again, settings, clock=clock)
+    try:
+        # 601 keys and 300 bodies, less the two chunks the first start wrote.
+        assert again.calls == 601 + 300 - 512
+        assert key_vectors_from(resumed, again) == 601
+        cosines = resumed.bodies.cosines([m["id"] for m in transfer.export(resumed)["memories"]],
+                                         again.embed(["note 7: the deploy queue of team 7"])[0])
+        assert max(float(c[0]) for c in cosines.values()) > 0.99
+    finally:
+        resumed.close()
+    assert len(list((tmp_path / "backups").glob("keymem-before-reembed-*.db"))) == 1
+
+
 def test_rows_in_asks_for_a_long_in_list_a_chunk_at_a_time() -> None:
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t(n INTEGER)")
