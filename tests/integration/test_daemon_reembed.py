@@ -23,7 +23,9 @@ import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
 from fake_hub import minilm_files
 
+from keymem_daemon import runtime
 from keymem_daemon.config import Settings
+from keymem_daemon.errors import DaemonNotRunning
 from keymem_daemon.models.embedders import load_embedder
 
 pytestmark = pytest.mark.timeout(300)
@@ -86,28 +88,21 @@ def test_re_embedding_for_a_new_embedder_is_reported_with_its_progress(
     assert "is still starting: re-embedding the store for a new embedder" in waited.stderr, waited.stderr
 
 
-def _ready(daemons: DaemonFactory) -> bool:
-    from keymem_daemon import runtime
-
+def _health(daemons: DaemonFactory) -> dict[str, object] | None:
     try:
         info = runtime.read_daemon_info(daemons.data_dir)
-    except Exception:
-        return False
-    health = runtime.get_health(info, timeout=1.0)
+    except DaemonNotRunning:  # not up yet, or killed
+        return None
+    return runtime.get_health(info, timeout=1.0)
+
+
+def _ready(daemons: DaemonFactory) -> bool:
+    health = _health(daemons)
     return health is not None and health.get("status") == "ready"
 
 
 def _health_detail(daemons: DaemonFactory) -> str | None:
-    import httpx
-
-    from keymem_daemon import runtime
-
-    try:
-        info = runtime.read_daemon_info(daemons.data_dir)
-        body = httpx.get(f"{info.url}/health", timeout=1.0, trust_env=False).json()
-    except Exception:  # not up yet
-        return None
-    detail = body.get("detail")
+    detail = (_health(daemons) or {}).get("detail")
     return detail if isinstance(detail, str) else None
 
 
