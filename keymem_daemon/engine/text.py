@@ -263,6 +263,8 @@ class Analyzer:
         kiwi = self._get_kiwi()
         with self._kiwi_use:
             new = sorted(wanted - self._learned)
+            if not new:  # another thread taught them while this one waited for the lock
+                return []
             for word in new:
                 kiwi.add_user_word(word, "NNP")
             # Kiwi rebuilds its model on the first analysis after a change (about 0.25 s):
@@ -274,8 +276,7 @@ class Analyzer:
             Analyzer.key_tokens.cache_clear()
             Analyzer.compact.cache_clear()
             Analyzer._reads_as_noun.cache_clear()
-        if new:
-            logger.info("learned %d loanword(s) for the Korean analyser: %s", len(new), ", ".join(new))
+        logger.info("learned %d loanword(s) for the Korean analyser: %s", len(new), ", ".join(new))
         return new
 
     def stem(self, word: str) -> str:

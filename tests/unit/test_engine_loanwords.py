@@ -8,6 +8,7 @@ Learning changes Kiwi for the whole process, so these tests use analysers of the
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,24 @@ def test_learning_pays_for_kiwis_rebuild_so_the_next_read_does_not() -> None:
     read = time.perf_counter() - started
 
     assert read * 10 < learned, (read, learned)
+
+
+def test_threads_teaching_the_same_word_at_once_all_succeed_and_one_teaches_it() -> None:
+    """The first holds the analyser through Kiwi's rebuild; the others, which saw the word
+    as new before it, find it taught when their turn comes."""
+    analyzer = Analyzer()
+    analyzer.preload_kiwi()
+    start = threading.Barrier(4)
+
+    def teach() -> list[str]:
+        start.wait()
+        return analyzer.learn(["지라"])
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: teach(), range(4)))
+
+    assert sorted(results) == [[], [], [], ["지라"]]
+    assert analyzer.learned == {"지라"}
 
 
 def test_remembering_a_loanword_key_recuts_the_memories_and_keys_that_hold_it(
