@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Final
 from urllib.parse import unquote
 
@@ -228,6 +229,23 @@ def minilm_files() -> dict[str, bytes]:
     for name in (*MINILM_TOKENIZER_FILES, "1_Pooling/config.json"):
         files[name] = (source / name).read_bytes()
     return files
+
+
+# What a reranker directory holds besides its model: bge-m3's tokenizer files (MiniLM's here).
+RERANKER_TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json")
+
+
+def model_dir(root: Path, files: Mapping[str, bytes]) -> Path:
+    """``files`` (local name -> bytes) laid out as a model directory at ``root``."""
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def reranker_files(model: bytes, minilm: Mapping[str, bytes]) -> dict[str, bytes]:
+    """A reranker directory's files: ``model`` as its graph, with MiniLM's tokenizer."""
+    return {"model.onnx": model, **{name: minilm[name] for name in RERANKER_TOKENIZER_FILES}}
 
 
 def build_cross_encoder(weights: Mapping[int, float], *, vocab_size: int,

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
-from fake_hub import minilm_files
+from fake_hub import minilm_files, model_dir
 
 from keymem_daemon import runtime
 from keymem_daemon.config import Settings
@@ -32,14 +32,6 @@ pytestmark = pytest.mark.timeout(300)
 
 MEMORIES = 3000
 WORDS = ("deploy", "queue", "cache", "schema", "billing", "search", "mobile", "alerting", "backup", "editor")
-
-
-def minilm_dir(root: Path) -> Path:
-    root.mkdir()
-    for name, data in minilm_files().items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +59,7 @@ def test_re_embedding_for_a_new_embedder_is_reported_with_its_progress(
 ) -> None:
     populate(daemons, populated)
 
-    model = minilm_dir(tmp_path / "minilm")
+    model = model_dir(tmp_path / "minilm", minilm_files())
     process, _ = daemons.spawn(KEYMEM_EMBED_MODEL=str(model))
     env = daemons.env(KEYMEM_EMBED_MODEL=str(model))
     try:
@@ -110,7 +102,7 @@ def test_a_daemon_killed_while_re_embedding_resumes_and_a_switch_back_embeds_eve
     daemons: DaemonFactory, tmp_path: Path, populated: Path
 ) -> None:
     populate(daemons, populated)
-    model = str(minilm_dir(tmp_path / "minilm"))
+    model = str(model_dir(tmp_path / "minilm", minilm_files()))
     log = daemons.data_dir / "logs" / "daemon.log"
 
     def killed_while_re_embedding(embed_model: str) -> None:

@@ -24,6 +24,8 @@ from fake_hub import (
     closed_port_url,
     hub_repos,
     minilm_files,
+    model_dir,
+    reranker_files,
     wait_for,
 )
 
@@ -368,12 +370,7 @@ def test_a_running_download_is_logged_with_its_progress(
 
 @pytest.fixture
 def reranker_dir(tmp_path: Path, minilm: dict[str, bytes], cross_encoder: bytes) -> Path:
-    path = tmp_path / "reranker"
-    path.mkdir()
-    (path / "model.onnx").write_bytes(cross_encoder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (path / name).write_bytes(minilm[name])
-    return path
+    return model_dir(tmp_path / "reranker", reranker_files(cross_encoder, minilm))
 
 
 TEXTS = [

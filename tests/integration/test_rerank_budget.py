@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
-from fake_hub import build_cross_encoder, minilm_files
+from fake_hub import build_cross_encoder, minilm_files, model_dir, reranker_files
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
@@ -37,24 +37,16 @@ TEXTS = [f"{fruit} number {i} with a few more words to read" for i in range(12)
          for fruit in ("apple", "banana", "cherry")]
 
 
-def model_dir(root: Path, model: bytes) -> Path:
-    files = minilm_files()
-    root.mkdir()
-    (root / "model.onnx").write_bytes(model)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (root / name).write_bytes(files[name])
-    return root
-
-
 @pytest.fixture(scope="module")
 def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = build_cross_encoder(WEIGHTS, vocab_size=30522)
-    return model_dir(tmp_path_factory.mktemp("rerank") / "weights", model)
+    return model_dir(tmp_path_factory.mktemp("rerank") / "weights", reranker_files(model, minilm_files()))
 
 
 @pytest.fixture(scope="module")
 def transformer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("rerank") / "minilm", minilm_files()["model.onnx"])
+    minilm = minilm_files()
+    return model_dir(tmp_path_factory.mktemp("rerank") / "minilm", reranker_files(minilm["model.onnx"], minilm))
 
 
 def cost_of(reranker: OnnxReranker, query: str, texts: list[str]) -> float:
