@@ -44,9 +44,11 @@ On main the inject route and ``floor`` agree on every prompt; the run prints the
 daemon: the Korean/English set's inject R@5 and not-found accuracy (``bench_korean.run`` and
 ``report``, all queries) and LoCoMo's inject R@5 (the facts and questions of ``bench_locomo.load``,
 inject top 10 per question as bench_locomo asks it; ``--locomo-convs`` limits the conversations).
-The whole run takes about 80 s here (the push set 25 s, the Korean/English set 20 s, LoCoMo's five
-conversations 35 s). ``--json`` writes every figure, ``--rows`` the per-prompt results (what each
-path surfaced, with the baselines' relevance scores, for reading misses).
+The whole run takes 80 s on an idle 2-core machine (the push set 25 s, the Korean/English set
+20 s, LoCoMo's five conversations 35 s), 2-4 min when it is shared; each phase prints its time.
+Latency figures move with the machine's load: compare them within one run. ``--json`` writes
+every figure, ``--rows`` the per-prompt results (what each path surfaced, with the baselines'
+relevance scores, for reading misses).
 """
 
 from __future__ import annotations
