@@ -19,8 +19,8 @@ from typing import Any, Final
 from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
-from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.model import NewMemory, Replayed, render
+from keymem_daemon.engine.graph import MAX_TTL_SECONDS, Host, MemoryGraph
+from keymem_daemon.engine.model import IdempotencyKey, NewMemory, Replayed, render
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Context:
     graph: MemoryGraph
     settings: Settings
     host: Host
-    idempotency_key: str | None = None
+    idempotency_key: IdempotencyKey | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +153,8 @@ _KEY_TYPES = {"type": "object", "additionalProperties": {"enum": ["concept", "na
               "description": "Key -> type. name/proper_noun keys match only literally (people, products)."}
 _DECAY = {"enum": ["transient", "standard", "stable", "permanent"],
           "description": "Freshness half-life: transient 7 d, standard 90 d (default), stable 365 d, permanent."}
-_TTL = {"type": "number", "description": "Expire this many seconds from now."}
+_TTL = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS,
+        "description": "Expire this many seconds from now (omit it for a memory that never expires)."}
 _RELATED = {"type": "array", "items": {"type": "string"}, "description": "Ids of memories to link explicitly."}
 _SOURCE = {"type": "object", "description": "Provenance fields to attach (merged over the automatic stamp)."}
 _OBSERVED = {"type": "string",
@@ -370,7 +371,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "the old one, which stays readable by id only. Omit keys to keep the same keys; unspecified ttl, "
          "decay_profile and related_to are inherited.",
          {"memory_id": _MEMORY_ID, "content": {"type": "string"}, "keys": _KEYS, "key_types": _KEY_TYPES,
-          "ttl_seconds": {"anyOf": [{"type": "number"}, {"type": "null"}],
+          "ttl_seconds": {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS},
+                                    {"type": "null"}],
                           "description": "Expire this many seconds from now; null clears the expiry; "
                                          "omitted keeps the old one."},
           "decay_profile": _DECAY, "related_to": _RELATED,
