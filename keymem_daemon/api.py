@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 PUBLIC_PATHS: Final = frozenset({"/health"})
 """The only paths served without the bearer token."""
 IMPORT_PATH: Final = "/v1/import"
+TOOLS_PATH: Final = "/v1/tools"
 IMPORT_MAX_BYTES: Final = 512 * 1024 * 1024
 """``/v1/import`` carries whole exports, so it takes more than ``KEYMEM_MAX_BODY_BYTES``."""
 BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
@@ -254,6 +255,15 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _route_hint(path: str) -> str:
+    """What the caller probably meant, for a path that is one slash off a real route."""
+    if path.rstrip("/") == TOOLS_PATH:
+        return f" (a tool call names its tool: POST {TOOLS_PATH}/{{name}}; GET {TOOLS_PATH} lists them)"
+    if path.endswith("/") and len(path) > 1:
+        return f" (routes take no trailing slash: {path.rstrip('/')})"
+    return ""
+
+
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:
     """The one exception handler: every error leaves the daemon in the same shape."""
     if isinstance(exc, KeymemError):
@@ -272,7 +282,7 @@ async def handle_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, StarletteHTTPException):
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
+            message = f"no route {request.method} {request.url.path}{_route_hint(request.url.path)}"
         elif exc.status_code == 405:
             message = f"{request.url.path} does not accept {request.method}"
         else:
@@ -653,6 +663,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
+        # A JSON API answers a wrong path with a JSON error, not a redirect with an empty body
+        # (POST /v1/tools/ got a 307 to GET-only /v1/tools).
+        redirect_slashes=False,
         responses=_ERRORS,
         description="keymem daemon: associative long-term memory for LLM coding agents. "
         "Every route except /health needs `Authorization: Bearer <token>` "
@@ -680,12 +693,12 @@ def create_app(
         """Liveness and readiness (`starting` -> `ready`); no token needed."""
         return service.health()
 
-    @app.get("/v1/tools", response_model=ToolsOut, tags=["mcp"])
+    @app.get(TOOLS_PATH, response_model=ToolsOut, tags=["mcp"])
     async def list_tools(host: HostDep) -> Response:
         """The MCP tool definitions visible to this caller (no models needed)."""
         return await workers.run(lambda: json_response({"tools": service.tool_definitions(host_of(host))}), quick=True)
 
-    @app.post("/v1/tools/{name}", response_model=ToolResult, tags=["mcp"], responses=_NOT_FOUND)
+    @app.post(TOOLS_PATH + "/{name}", response_model=ToolResult, tags=["mcp"], responses=_NOT_FOUND)
     async def call_tool(
         name: str,
         host: HostDep,

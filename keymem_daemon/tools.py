@@ -124,7 +124,7 @@ class Args:
 
     def _numeric(self, name: str) -> float | None:
         """A finite number, or a string holding one (clients send both); None when absent."""
-        value = self._raw.get(name)
+        value = given = self._raw.get(name)
         if value is None:
             return None
         if isinstance(value, str):
@@ -139,7 +139,7 @@ class Args:
         except OverflowError:  # an int past float's range
             number = float("inf")
         if not math.isfinite(number):
-            raise InvalidInput(f"{name} must be a finite number, not {str(value)[:40]}", field=name)
+            raise InvalidInput(f"{name} must be a finite number, not {str(given)[:40]}", field=name)
         return number
 
     def boolean(self, name: str, default: bool = False) -> bool:

@@ -708,7 +708,7 @@ class MemoryGraph:
         if require_keys and not clean_keys:
             raise Refused(
                 "keys required: no usable key survived sanitizing (need 1+ CJK character, or 2+ "
-                "characters otherwise). Nothing was saved -- a keyless memory can never be recalled.")
+                "visible characters otherwise). Nothing was saved -- a keyless memory can never be recalled.")
         types: dict[str, KeyType] = {}
         if key_types is not None:
             if isinstance(key_types, str):
