@@ -67,3 +67,186 @@ def test_issue_19_an_idempotency_key_reused_for_another_request_is_refused_not_r
     again = post("remember", {"keys": ["CI", "Buildkite"], "content": "The CI runner is Buildkite."}, "reuse-1")
     assert again.status_code == 200 and again.json()["result"]["saved"] == saved, again.text
     assert _active(daemon) == before
+
+
+# -- 12, 21. bodies and values keymem cannot store or compute with -----------------------------
+
+GOOD: dict[str, Any] = {"content": "The staging host is stg-3.", "keys": ["staging", "host"]}
+SURROGATE_FIELDS: list[tuple[str, bytes, str]] = [
+    ("remember", b'{"arguments": {"content": "a \\ud800 b", "keys": ["alpha", "beta"]}}', "arguments.content"),
+    # The same lone surrogate as raw CESU-8 bytes instead of an escape.
+    ("remember", b'{"arguments": {"content": "a \xed\xa0\x80 b", "keys": ["alpha", "beta"]}}', "arguments.content"),
+    ("remember", b'{"arguments": {"content": "fact", "keys": ["alpha", "\\udfff"]}}', "arguments.keys[1]"),
+    ("remember", b'{"arguments": {"content": "fact", "keys": ["alpha"], "namespace": "\\ud800"}}',
+     "arguments.namespace"),
+    ("remember", b'{"arguments": {"content": "fact", "keys": ["alpha"], "source": {"url": "\\udc00"}}}',
+     "arguments.source.url"),
+    ("recall", b'{"arguments": {"query": "\\ud83d"}}', "arguments.query"),
+    ("remember_batch", b'{"arguments": {"items": [{"content": "x\xed\xb0\x80", "keys": ["alpha"]}]}}',
+     "arguments.items[0].content"),
+]
+
+
+@pytest.mark.parametrize(("tool", "body", "field"), SURROGATE_FIELDS)
+def test_issue_19_a_lone_surrogate_anywhere_in_a_tool_call_is_refused_naming_its_field(
+    daemon: DaemonProcess, tool: str, body: bytes, field: str
+) -> None:
+    before = daemon.export()["memories"]
+    message = _error(daemon.client().post(f"/v1/tools/{tool}", content=body, headers=JSON), 422, "invalid_input")
+    assert message.startswith(field + " ") and "surrogate" in message, message
+    assert daemon.export()["memories"] == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"prompt": "how do we deploy \\ud800 the service?"}', "prompt"),
+        (b'{"prompt": "how do we deploy the service?", "namespace": "\xed\xa0\x80"}', "namespace"),
+        (b'{"prompt": "how do we deploy the service?", "cwd": "/home/\\udc00"}', "cwd"),
+        (b'{"prompt": "how do we deploy the service?", "top_k": Infinity}', "top_k"),
+        (b'{"prompt": "how do we deploy the service?", "max_chars": 1e999}', "max_chars"),
+    ],
+)
+def test_issue_19_inject_refuses_surrogates_and_non_finite_numbers_naming_the_field(
+    daemon: DaemonProcess, body: bytes, field: str
+) -> None:
+    message = _error(daemon.client().post("/v1/inject", content=body, headers=JSON), 422, "invalid_input")
+    assert message.startswith(field + " "), message
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"format": "keymem-export", "version": "\\ud800", "memories": []}', "version"),
+        (b'{"format": "keymem-export", "version": 1e999, "memories": []}', "version"),
+        (b'{"format": "keymem-export", "version": NaN, "memories": []}', "version"),
+        (b'{"format": "keymem-export", "version": 1, "memories": [{"content": "\\udbff"}]}', "memories[0].content"),
+    ],
+)
+def test_issue_19_import_refuses_surrogates_and_non_finite_numbers_before_it_starts(
+    daemon: DaemonProcess, body: bytes, field: str
+) -> None:
+    before = daemon.export()["memories"]
+    message = _error(daemon.client().post("/v1/import", content=body, headers=JSON), 422, "invalid_input")
+    assert message.startswith(field + " "), message
+    assert daemon.export()["memories"] == before
+
+
+@pytest.mark.parametrize("literal", [b"Infinity", b"-Infinity", b"NaN", b"1e999", b"-1e999", b'"inf"', b'"-1e999"',
+                                     b'"nan"'])
+@pytest.mark.parametrize(("tool", "field", "extra"), [
+    ("recall", "top_k", {"query": "staging"}), ("recall", "max_chars", {"query": "staging"}),
+    ("browse_keys", "limit", {}), ("browse_keys", "offset", {}), ("list_memories", "offset", {}),
+    ("recall_memories", "hops", {"query": "staging"}), ("get_conversation", "turn", {}),
+])
+def test_issue_19_a_non_finite_integer_argument_is_refused_naming_it(
+    daemon: DaemonProcess, literal: bytes, tool: str, field: str, extra: dict[str, Any]
+) -> None:
+    import json
+
+    headers = {**JSON}
+    if tool == "get_conversation":  # a trusted host's tool
+        extra = {"session_id": "4f1c2d3e-5a6b-4c7d-8e9f-0a1b2c3d4e5f"}
+        headers.update({"X-Keymem-Host-Agent": "claude", "X-Keymem-Host-Session": extra["session_id"]})
+    body = b'{"arguments": {' + b"".join(
+        json.dumps(k).encode() + b": " + json.dumps(v).encode() + b", " for k, v in extra.items()
+    ) + json.dumps(field).encode() + b": " + literal + b"}}"
+    response = daemon.client().post(f"/v1/tools/{tool}", content=body, headers=headers)
+    if literal.startswith(b'"'):  # a string holding a number is the tool's own argument check
+        assert response.status_code == 200, response.text
+        assert response.json() == {"is_error": True, "result": {
+            "error": f"{field} must be a finite number, not {literal.decode().strip(chr(34))}", "field": field}}
+    else:
+        message = _error(response, 422, "invalid_input")
+        assert message.startswith(f"arguments.{field} holds "), message
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"arguments": {"query": "caf\xe9"}}', "not valid UTF-8: byte 0xe9 at offset 28"),
+        (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),
+        (b'{"arguments": {"query": "x", "top_k": ' + b"7" * 5000 + b"}}", "arguments.top_k holds a number of 5000"),
+        (b'{"arguments": {"query": "x",}}', "not valid JSON: Expecting property name enclosed in double quotes "
+                                            "at line 1 column 29"),
+        (b'{"arguments": ' + b'{"a": ' * 70 + b"1" + b"}" * 70 + b"}", "nests deeper than 64 levels"),
+    ],
+)
+def test_issue_19_a_body_that_cannot_be_parsed_says_why(daemon: DaemonProcess, body: bytes, expected: str) -> None:
+    message = _error(daemon.client().post("/v1/tools/recall", content=body, headers=JSON), 422, "invalid_input")
+    assert expected in message, message
+
+
+# -- 12, 13. ttl_seconds out of range ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("ttl", [b"-1", b"0", b"-0.5", b"100000000000000000000", b'"-3"', b'"1e999"'])
+def test_issue_19_a_ttl_that_is_not_positive_or_too_large_is_refused_naming_it(
+    daemon: DaemonProcess, ttl: bytes
+) -> None:
+    before = daemon.export()["memories"]
+    body = b'{"arguments": {"content": "The demo link works today.", "keys": ["demo", "link"], "ttl_seconds": ' \
+        + ttl + b"}}"
+    for tool in ("remember", "remember_batch"):
+        if tool == "remember_batch":
+            body = body.replace(b'{"arguments": {', b'{"arguments": {"items": [{').replace(b"}}", b"}]}}")
+        answer = daemon.client().post(f"/v1/tools/{tool}", content=body, headers=JSON)
+        assert answer.status_code == 200, answer.text
+        result = answer.json()["result"]
+        error = result if tool == "remember" else result["items"][0]
+        assert error["field"] == "ttl_seconds", result
+        assert ("finite" if b"e999" in ttl else "more than 0") in error["error"], result
+    assert daemon.export()["memories"] == before
+
+
+# -- 22. many unknown argument names ----------------------------------------------------------
+
+
+def test_issue_19_ten_thousand_unknown_arguments_get_a_short_error_listing_a_few(daemon: DaemonProcess) -> None:
+    arguments: dict[str, Any] = {"query": "staging", **{f"color_{i:05d}": i for i in range(10_000)}}
+    answer = daemon.client().post("/v1/tools/recall", json={"arguments": arguments})
+    assert answer.status_code == 200 and len(answer.content) < 2000, len(answer.content)
+    result = answer.json()["result"]
+    assert answer.json()["is_error"] and result["field"] == "color_00000"
+    assert "'color_00000', 'color_00001'" in result["error"] and "and 9995 more" in result["error"], result
+
+
+# -- 23. a tool route without a tool name -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/tools/"), ("GET", "/v1/tools/"), ("POST", "/v1/inject/")])
+def test_issue_19_a_trailing_slash_gets_a_json_404_saying_what_to_call(
+    daemon: DaemonProcess, method: str, path: str
+) -> None:
+    answer = daemon.client().request(method, path, json={"arguments": {}} if method == "POST" else None)
+    message = _error(answer, 404, "not_found")
+    if path.startswith("/v1/tools"):
+        assert "POST /v1/tools/{name}" in message, message
+    else:
+        assert "no trailing slash: /v1/inject" in message, message
+
+
+# -- 24. invisible keys and namespaces --------------------------------------------------------
+
+
+def test_issue_19_keys_of_invisible_characters_alone_are_refused(daemon: DaemonProcess) -> None:
+    before = daemon.export()["memories"]
+    invisible = ["\u200b\u200b", "\u202e\u202d\u2066", "\ufeff\u200d", "\u3164\u3164", "a\u200b"]
+    refused = daemon.call("remember", {"content": "Nothing to see here.", "keys": invisible})
+    assert not refused["is_error"] and "keys required" in refused["result"]["error"], refused
+    assert daemon.export()["memories"] == before
+    kept = daemon.call("remember", {"content": "The release train leaves on Thursdays.",
+                                    "keys": ["release", "\u200b\u200b", "Thursday"]})["result"]
+    assert [k["concept"] for k in kept["keys"]] == ["release", "Thursday"], kept
+    assert kept["dropped_keys"] == ["\u200b\u200b"]
+
+
+def test_issue_19_bidi_controls_and_zero_width_characters_are_stripped_from_namespaces(
+    daemon: DaemonProcess,
+) -> None:
+    spoof = "\u202eprod\u202c\u200b"
+    saved = daemon.remember("The prod database is pg-7.", ["database", "prod"], namespace=spoof)
+    memory = daemon.call("read_memory", {"memory_id": saved})["result"]["memory"]
+    assert memory["namespace"] == "prod"
+    found = daemon.call("recall", {"query": "database", "namespace": "prod"})["result"]
+    assert saved in str(found), found
