@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import httpx
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess
+from daemon_helpers import DaemonProcess, shared_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,11 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    factory = DaemonFactory(tmp_path_factory.mktemp("fuzz"))
-    try:
-        yield factory.start(KEYMEM_TOOLS="full")
-    finally:
-        factory.teardown()
+    with shared_daemon(tmp_path_factory.mktemp("fuzz"), KEYMEM_TOOLS="full") as running:
+        yield running
 
 
 # -- strategies --------------------------------------------------------------------------------

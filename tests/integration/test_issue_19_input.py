@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess
+from daemon_helpers import DaemonProcess, shared_daemon
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,11 +21,8 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    factory = DaemonFactory(tmp_path_factory.mktemp("issue19"))
-    try:
-        yield factory.start(KEYMEM_TOOLS="full")
-    finally:
-        factory.teardown()
+    with shared_daemon(tmp_path_factory.mktemp("issue19"), KEYMEM_TOOLS="full") as running:
+        yield running
 
 
 def _active(daemon: DaemonProcess) -> list[str]:
