@@ -77,6 +77,9 @@ MAX_JSON_DEPTH: Final = 64
 """Deepest nesting a request body may have. Real bodies (an import's memory with its source
 object) stay under ten levels; the bound keeps every later walk of a value far from Python's
 recursion limit, which the parser itself hits near 1,000 levels."""
+PARSE_INLINE_BYTES: Final = 1024 * 1024
+"""Bodies up to this size are parsed on the event loop (a thread hop would cost more); larger
+ones (imports) in a worker thread, so other requests are answered meanwhile."""
 MAX_NUMBER_CHARS: Final = 100
 """Longest number literal a body may hold. No argument needs more digits; Python refuses to
 read an integer of over 4,300 digits and reads long ones in quadratic time."""
@@ -382,7 +385,11 @@ class _JSONRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_parsed_json"):
-            self._parsed_json = parse_json_body(await self.body())
+            body = await self.body()
+            if len(body) > PARSE_INLINE_BYTES:  # an import: parse it off the event loop
+                self._parsed_json = await anyio.to_thread.run_sync(parse_json_body, body)
+            else:
+                self._parsed_json = parse_json_body(body)
         return self._parsed_json
 
 

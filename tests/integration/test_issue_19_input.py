@@ -129,6 +129,20 @@ def test_issue_19_import_refuses_surrogates_and_non_finite_numbers_before_it_sta
     assert daemon.export()["memories"] == before
 
 
+def test_issue_19_a_large_import_is_checked_through_to_its_last_record(daemon: DaemonProcess) -> None:
+    """Over a megabyte, the body is parsed off the event loop; the checks are the same."""
+    import json
+
+    records = [{"content": f"Fact {i}: " + "x" * 2000, "keys": ["fact"]} for i in range(1000)]
+    records[900]["content"] = "broken \ud800"
+    body = json.dumps({"format": "keymem-export", "version": 1, "memories": records}).encode()
+    assert len(body) > 2_000_000
+    before = daemon.export()["memories"]
+    message = _error(daemon.client().post("/v1/import", content=body, headers=JSON), 422, "invalid_input")
+    assert message.startswith("memories[900].content holds a lone surrogate"), message
+    assert daemon.export()["memories"] == before
+
+
 @pytest.mark.parametrize("literal", [b"Infinity", b"-Infinity", b"NaN", b"1e999", b"-1e999", b'"inf"', b'"-1e999"',
                                      b'"nan"'])
 @pytest.mark.parametrize(("tool", "field", "extra"), [
