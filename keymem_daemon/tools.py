@@ -27,7 +27,8 @@ from keymem_daemon.errors import InvalidInput, NotFound, Refused
 logger = logging.getLogger(__name__)
 
 MAX_BATCH: Final = 100
-# Unknown argument names an error lists: 10,000 of them made an 88 KB message.
+# Unknown argument names an error lists, and the characters shown of each: 10,000 names (or
+# one huge one) made an 88 KB message.
 MAX_NAMES_SHOWN: Final = 5
 MAX_NAME_CHARS: Final = 40
 
@@ -186,9 +187,9 @@ _SOURCE = {"type": "object", "description": "Provenance fields to attach (merged
 _OBSERVED = {"type": "string",
              "description": "When the fact was observed (ISO-8601 date or date-time), if not now."}
 _MEMORY_ID = {"type": "string", "description": "12-character memory id."}
+_KEY_ID = {"type": "string", "description": "12-character key id (from recall, browse_keys or read_memory)."}
 _OFFSET = {"type": "integer", "minimum": 0, "maximum": 1_000_000, "default": 0}
 _MAX_TURN: Final = 10_000_000
-_KEY_ID = {"type": "string", "description": "12-character key id (from recall, browse_keys or read_memory)."}
 
 
 def _new_memory(ctx: Context, item: Mapping[str, Any], *, require_keys: bool = True) -> NewMemory:

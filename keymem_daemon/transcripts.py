@@ -658,12 +658,15 @@ class _Page:
     def result(self, next_from_turn: int | None) -> ConversationPage:
         turns = [Turn(index, role, "\n\n".join(parts), ts, True if cut[0] else None)
                  for index, role, parts, ts, cut in self.kept]
-        if next_from_turn is None:
-            return ConversationPage(turns)
-        more = f"More turns follow: call get_conversation again with from_turn={next_from_turn}."
-        if any(t.content_truncated for t in turns):
-            more += " A turn marked content_truncated was cut to fit the page."
-        return ConversationPage(turns, next_from_turn, more)
+        notes = []
+        if next_from_turn is not None:
+            notes.append(f"More turns follow: call get_conversation again with from_turn={next_from_turn}.")
+        cut = next((t for t in turns if t.content_truncated), None)
+        if cut is not None and cut is turns[0]:
+            notes.append(f"Turn {cut.turn} is larger than a page ({self.max_bytes} bytes of text) and was cut.")
+        elif cut is not None:
+            notes.append(f"Turn {cut.turn} was cut to fit the page; from_turn={cut.turn} starts a page with it.")
+        return ConversationPage(turns, next_from_turn, " ".join(notes) or None)
 
 
 def _read_page(agent: Agent, path: str, root: Path, page: _Page) -> ConversationPage:

@@ -846,7 +846,12 @@ def test_issue_19_a_page_takes_at_most_max_turns_and_a_turn_over_the_budget_come
     cut = get_conversation(roots, CLAUDE_ID, from_turn=5, max_bytes=1000)
     assert [t.turn for t in cut.turns] == [5] and cut.turns[0].content_truncated is True
     assert len(cut.turns[0].content.encode()) <= 1000 and cut.next_from_turn == 6
-    assert cut.more and "content_truncated" in cut.more
+    assert cut.more and "Turn 5 is larger than a page" in cut.more and "from_turn=6" in cut.more
+    # A turn cut because earlier turns filled the page says how to read it from a page's start.
+    four, five = (len(t.content.encode()) for t in three.turns[:2])
+    squeezed = get_conversation(roots, CLAUDE_ID, from_turn=4, max_bytes=four + five * 2 // 3)
+    assert [t.content_truncated for t in squeezed.turns] == [None, True]
+    assert squeezed.more and "from_turn=5 starts a page with it" in squeezed.more
     last = get_conversation(roots, CLAUDE_ID, from_turn=10)
     assert [t.turn for t in last.turns] == [10, 11] and last.next_from_turn is None
     assert get_conversation(roots, CLAUDE_ID, from_turn=40).turns == []
