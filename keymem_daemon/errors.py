@@ -6,6 +6,7 @@
     ├── Refused                 422 refused        well-formed, but the memory model refuses it
     │                                              (a tool call reports it as a normal result)
     ├── Conflict                409 conflict       the request contradicts the store's state
+    │   └── IdempotencyKeyReused 409 idempotency_key_reused  the key came with another request
     ├── Unauthorized            401 unauthorized   missing or wrong bearer token
     ├── ForbiddenOrigin         403 forbidden      foreign Host header or any Origin header
     ├── PayloadTooLarge         413 too_large      request body over KEYMEM_MAX_BODY_BYTES
@@ -69,6 +70,13 @@ class Conflict(KeymemError):
 
     status = 409
     code = "conflict"
+
+
+class IdempotencyKeyReused(Conflict):
+    """An ``Idempotency-Key`` already used for a different request (another tool or other
+    arguments): replaying the first answer would silently drop this one, so it is refused."""
+
+    code = "idempotency_key_reused"
 
 
 class Unauthorized(KeymemError):

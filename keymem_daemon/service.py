@@ -23,7 +23,7 @@ from keymem_daemon import instructions, tools, transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.model import render
+from keymem_daemon.engine.model import IdempotencyKey, render
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
 
 logger = logging.getLogger(__name__)
@@ -157,8 +157,9 @@ class Service:
                   idempotency_key: str | None = None) -> tools.Outcome:
         if name not in tools.TOOLS_BY_NAME:
             raise NotFound(f"Unknown tool: {name}")
-        ctx = tools.Context(self.ready_graph(), self.settings, host,
-                            idempotency_key if name in tools.WRITE_TOOLS else None)
+        idempotency = IdempotencyKey.of_call(idempotency_key, name, arguments) \
+            if idempotency_key and name in tools.WRITE_TOOLS else None
+        ctx = tools.Context(self.ready_graph(), self.settings, host, idempotency)
         return tools.call_tool(ctx, name, arguments)
 
     def stats_line(self) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,13 +20,17 @@ from typing import Any, Final
 from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
-from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.model import NewMemory, Replayed, render
+from keymem_daemon.engine.graph import MAX_TTL_SECONDS, Host, MemoryGraph
+from keymem_daemon.engine.model import IdempotencyKey, NewMemory, Replayed, render
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 logger = logging.getLogger(__name__)
 
 MAX_BATCH: Final = 100
+# Unknown argument names an error lists, and the characters shown of each: 10,000 names (or
+# one huge one) made an 88 KB message.
+MAX_NAMES_SHOWN: Final = 5
+MAX_NAME_CHARS: Final = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,7 @@ class Context:
     graph: MemoryGraph
     settings: Settings
     host: Host
-    idempotency_key: str | None = None
+    idempotency_key: IdempotencyKey | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +84,12 @@ class Args:
             raise InvalidInput("arguments must be an object")
         unknown = sorted(set(raw) - set(tool.properties))
         if unknown:
-            raise InvalidInput(f"{tool.name} has no argument {', '.join(map(repr, unknown))} "
+            raise InvalidInput(f"{tool.name} has no argument {_some(unknown)} "
                                f"(accepted: {', '.join(tool.properties)})", field=unknown[0])
         for name in tool.required:
             if raw.get(name) is None:
                 raise InvalidInput(f"{name} is required", field=name)
+        self._tool = tool
         self._raw = raw
 
     def raw(self, name: str) -> Any:
@@ -100,17 +106,26 @@ class Args:
             raise InvalidInput(f"{name} must be a string", field=name)
         return value
 
-    def integer(self, name: str, default: int, low: int, high: int) -> int:
+    def integer(self, name: str, *, default: int | None = None) -> int:
+        """An integer argument, clamped into its schema's ``minimum`` .. ``maximum`` (which
+        every integer property has); when absent, ``default`` or else the schema's."""
         value = self._numeric(name)
-        return default if value is None else int(min(high, max(low, int(value))))
+        if value is None:
+            return int(self._tool.properties[name]["default"] if default is None else default)
+        return int(self._clamp(name, value))
 
-    def number(self, name: str, default: float, low: float, high: float) -> float:
+    def number(self, name: str) -> float:
+        """A number argument, clamped into its schema's range; the schema's default when absent."""
         value = self._numeric(name)
-        return default if value is None else float(min(high, max(low, value)))
+        return float(self._tool.properties[name]["default"]) if value is None else self._clamp(name, value)
+
+    def _clamp(self, name: str, value: float) -> float:
+        schema = self._tool.properties[name]
+        return float(min(schema["maximum"], max(schema["minimum"], value)))
 
     def _numeric(self, name: str) -> float | None:
-        """A number, or a string holding one (clients send both); None when absent."""
-        value = self._raw.get(name)
+        """A finite number, or a string holding one (clients send both); None when absent."""
+        value = given = self._raw.get(name)
         if value is None:
             return None
         if isinstance(value, str):
@@ -118,9 +133,15 @@ class Args:
                 value = float(value.strip())
             except ValueError:
                 raise InvalidInput(f"{name} must be a number", field=name) from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidInput(f"{name} must be a number", field=name)
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int past float's range
+            number = float("inf")
+        if not math.isfinite(number):
+            raise InvalidInput(f"{name} must be a finite number, not {str(given)[:40]}", field=name)
+        return number
 
     def boolean(self, name: str, default: bool = False) -> bool:
         value = self._raw.get(name)
@@ -144,6 +165,12 @@ class Args:
         return value
 
 
+def _some(names: list[str]) -> str:
+    """The first few of many names, and how many there are: an error stays one line."""
+    shown = ", ".join(repr(n[:MAX_NAME_CHARS]) for n in names[:MAX_NAMES_SHOWN])
+    return shown if len(names) <= MAX_NAMES_SHOWN else f"{shown} and {len(names) - MAX_NAMES_SHOWN} more"
+
+
 # -- JSON schema fragments -------------------------------------------------------------
 
 _NS = {"type": "string", "description": "Namespace (project or context); normalised to lower case."}
@@ -153,13 +180,16 @@ _KEY_TYPES = {"type": "object", "additionalProperties": {"enum": ["concept", "na
               "description": "Key -> type. name/proper_noun keys match only literally (people, products)."}
 _DECAY = {"enum": ["transient", "standard", "stable", "permanent"],
           "description": "Freshness half-life: transient 7 d, standard 90 d (default), stable 365 d, permanent."}
-_TTL = {"type": "number", "description": "Expire this many seconds from now."}
+_TTL = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS,
+        "description": "Expire this many seconds from now (omit it for a memory that never expires)."}
 _RELATED = {"type": "array", "items": {"type": "string"}, "description": "Ids of memories to link explicitly."}
 _SOURCE = {"type": "object", "description": "Provenance fields to attach (merged over the automatic stamp)."}
 _OBSERVED = {"type": "string",
              "description": "When the fact was observed (ISO-8601 date or date-time), if not now."}
 _MEMORY_ID = {"type": "string", "description": "12-character memory id."}
 _KEY_ID = {"type": "string", "description": "12-character key id (from recall, browse_keys or read_memory)."}
+_OFFSET = {"type": "integer", "minimum": 0, "maximum": 1_000_000, "default": 0}
+_MAX_TURN: Final = 10_000_000
 
 
 def _new_memory(ctx: Context, item: Mapping[str, Any], *, require_keys: bool = True) -> NewMemory:
@@ -183,20 +213,19 @@ _WRITE_FIELDS: Final = ("content", "keys", "key_types", "namespace", "ttl_second
 
 def _recall(ctx: Context, args: Args) -> Any:
     return retrieval.recall(
-        ctx.graph, args.text("query"), namespace=args.raw("namespace"), top_k=args.integer("top_k", 8, 1, 20),
+        ctx.graph, args.text("query"), namespace=args.raw("namespace"), top_k=args.integer("top_k"),
         context=args.raw("context"), explain=args.boolean("explain"),
-        max_chars=args.integer("max_chars", ctx.settings.inject_max_chars, 256, 20000), host=ctx.host)
+        max_chars=args.integer("max_chars", default=ctx.settings.inject_max_chars), host=ctx.host)
 
 
 def _browse_keys(ctx: Context, args: Args) -> Any:
     return ctx.graph.browse_keys(args.raw("namespace"), hubs_only=args.boolean("hubs_only"),
-                                 limit=args.integer("limit", 20, 1, 100),
-                                 offset=args.integer("offset", 0, 0, 1_000_000))
+                                 limit=args.integer("limit"), offset=args.integer("offset"))
 
 
 def _read_key(ctx: Context, args: Args) -> Any:
     return ctx.graph.read_key(args.raw("key_id"), query=args.text("query"), namespace=args.raw("namespace"),
-                              limit=args.integer("limit", 10, 1, 50), offset=args.integer("offset", 0, 0, 1_000_000))
+                              limit=args.integer("limit"), offset=args.integer("offset"))
 
 
 def _read_memory(ctx: Context, args: Args) -> Any:
@@ -263,8 +292,7 @@ def _related(ctx: Context, args: Args) -> Any:
 
 
 def _list_memories(ctx: Context, args: Args) -> Any:
-    return ctx.graph.list_memories(args.raw("namespace"), limit=args.integer("limit", 50, 1, 500),
-                                   offset=args.integer("offset", 0, 0, 10_000_000))
+    return ctx.graph.list_memories(args.raw("namespace"), limit=args.integer("limit"), offset=args.integer("offset"))
 
 
 def _memory_stats(ctx: Context, args: Args) -> Any:
@@ -281,9 +309,9 @@ def _recall_memories(ctx: Context, args: Args) -> Any:
         raise InvalidInput("query must be a non-empty string", field="query")
     namespace = ctx.graph.resolve_namespace(args.raw("namespace"))
     result = retrieval.hybrid_recall(
-        ctx.graph, query.strip()[:4000], scope=retrieval.scope_of(namespace), top_k=args.integer("top_k", 5, 1, 50),
-        hops=args.integer("hops", 2, 1, 5), min_rel_score=args.number("min_rel_score", 0.0, 0.0, 0.9),
-        min_depth=args.number("min_depth", 0.0, 0.0, 1.0), reinforce=args.boolean("reinforce", True),
+        ctx.graph, query.strip()[:4000], scope=retrieval.scope_of(namespace), top_k=args.integer("top_k"),
+        hops=args.integer("hops"), min_rel_score=args.number("min_rel_score"),
+        min_depth=args.number("min_depth"), reinforce=args.boolean("reinforce", True),
         context=args.text("context"))
     return result.hits
 
@@ -293,17 +321,17 @@ def _list_sessions(ctx: Context, args: Args) -> Any:
     if agent is not None and agent not in transcripts.AGENTS:
         raise InvalidInput("agent must be claude or codex", field="agent")
     return transcripts.list_sessions(transcripts.TranscriptRoots.from_settings(ctx.settings),
-                                     agent=agent, limit=args.integer("limit", 20, 1, 200))
+                                     agent=agent, limit=args.integer("limit"))
 
 
 def _get_conversation(ctx: Context, args: Args) -> Any:
     agent = args.text("agent")
     if agent is not None and agent not in transcripts.AGENTS:
         raise InvalidInput("agent must be claude or codex", field="agent")
-    turn = args.integer("turn", -1, -1, 10_000_000) if args.has("turn") else None
-    return transcripts.get_conversation(transcripts.TranscriptRoots.from_settings(ctx.settings),
-                                        args.text("session_id") or "", agent=agent,
-                                        turn=turn if turn is not None and turn >= 0 else None)
+    return transcripts.get_conversation(
+        transcripts.TranscriptRoots.from_settings(ctx.settings), args.text("session_id") or "", agent=agent,
+        turn=args.integer("turn") if args.has("turn") else None, from_turn=args.integer("from_turn"),
+        max_turns=args.integer("limit"))
 
 
 # -- the tool table --------------------------------------------------------------------
@@ -328,8 +356,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "Browse the key vocabulary of one namespace when recall has no hit or you need an entry point: active "
          "key clusters, hubs first, then by memory count. Index metadata only; continue with read_key.",
          {"namespace": _NS, "hubs_only": {"type": "boolean"},
-          "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-          "offset": {"type": "integer", "minimum": 0, "default": 0}},
+          "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}, "offset": _OFFSET},
          (), _browse_keys),
     Tool("read_key",
          "List the memories stored under one key as ranked handles (ids, depth, validity, link weight, "
@@ -337,8 +364,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "content relevance, which matters for hubs. Then read_memory(memory_id, via_key_id=key_id). "
          "Page with limit/offset.",
          {"key_id": _KEY_ID, "query": {"type": "string"}, "namespace": _NS,
-          "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
-          "offset": {"type": "integer", "minimum": 0, "default": 0}},
+          "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10}, "offset": _OFFSET},
          ("key_id",), _read_key),
     Tool("read_memory",
          "Read one memory in full, with every key it is linked to, so exploration can continue Key -> Memory -> "
@@ -370,7 +396,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "the old one, which stays readable by id only. Omit keys to keep the same keys; unspecified ttl, "
          "decay_profile and related_to are inherited.",
          {"memory_id": _MEMORY_ID, "content": {"type": "string"}, "keys": _KEYS, "key_types": _KEY_TYPES,
-          "ttl_seconds": {"anyOf": [{"type": "number"}, {"type": "null"}],
+          "ttl_seconds": {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS},
+                                    {"type": "null"}],
                           "description": "Expire this many seconds from now; null clears the expiry; "
                                          "omitted keeps the old one."},
           "decay_profile": _DECAY, "related_to": _RELATED,
@@ -401,7 +428,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
          {"memory_id": _MEMORY_ID}, ("memory_id",), _related, "full"),
     Tool("list_memories", "List active memories, oldest first, optionally in one namespace.",
          {"namespace": _NS, "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-          "offset": {"type": "integer", "minimum": 0, "default": 0}}, (), _list_memories, "full"),
+          "offset": {**_OFFSET, "maximum": 10_000_000}}, (), _list_memories, "full"),
     Tool("memory_stats", "Counts of keys, memories and links, per namespace.", {}, (), _memory_stats, "full"),
     Tool("cleanup_expired", "Delete expired memories now (the daemon also does it every hour).", {}, (),
          _cleanup_expired, "full"),
@@ -411,17 +438,22 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "`hops`. Reinforces what it returns.",
          {"query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
           "namespace": _NS, "hops": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
-          "min_rel_score": {"type": "number", "minimum": 0, "maximum": 0.9},
-          "min_depth": {"type": "number", "minimum": 0, "maximum": 1},
+          "min_rel_score": {"type": "number", "minimum": 0, "maximum": 0.9, "default": 0},
+          "min_depth": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
           "reinforce": {"type": "boolean", "default": True}, "context": {"type": "string"}},
          ("query",), _recall_memories, "full"),
     Tool("list_sessions", "This host's own recent sessions (Claude Code / Codex transcripts), newest first.",
-         {"agent": {"enum": ["claude", "codex"]}, "limit": {"type": "integer", "minimum": 1, "maximum": 200}},
+         {"agent": {"enum": ["claude", "codex"]},
+          "limit": {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}},
          (), _list_sessions, "trusted"),
     Tool("get_conversation",
-         "The turns of one host session (UUID), or a window of turns around `turn` (e.g. a memory's host_turn).",
+         "The turns of one host session (UUID), a page at a time: `limit` turns from `from_turn` on, or a "
+         "window of turns around `turn` (e.g. a memory's host_turn). A page carries at most "
+         f"{transcripts.PAGE_BYTES // 1024} KB of text; `next_from_turn` says where the next page starts.",
          {"session_id": {"type": "string"}, "agent": {"enum": ["claude", "codex"]},
-          "turn": {"type": "integer", "minimum": 0}},
+          "turn": {"type": "integer", "minimum": 0, "maximum": _MAX_TURN},
+          "from_turn": {"type": "integer", "minimum": 0, "maximum": _MAX_TURN, "default": 0},
+          "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": transcripts.PAGE_TURNS}},
          ("session_id",), _get_conversation, "trusted"),
 )
 TOOLS_BY_NAME: Final = {t.name: t for t in TOOLS}

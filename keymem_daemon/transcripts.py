@@ -23,6 +23,9 @@ Transcripts are private history, so the rules of research/process-spec.md §5.3 
 
 Files are read line by line, so a 1 GB transcript is never held in memory; ``count_turns``
 remembers where it stopped in each file and reads only the bytes appended since.
+``get_conversation`` answers one page at a time -- at most ``max_turns`` turns and
+``PAGE_BYTES`` of text -- and says where the next page starts; it remembers where that page
+begins in the file, so reading a long session page after page parses it once.
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ _PREVIEW_CHARS: Final = 200
 # this catches a file rewritten in place (same inode, not shorter) that size alone would miss.
 _TAIL_BYTES: Final = 64
 _MAX_CACHED_FILES: Final = 512
+# Text one get_conversation page carries (UTF-8 bytes of turn content): a few pages of an
+# agent's context, where one 300 MB session used to come back as 292 MB of JSON.
+PAGE_BYTES: Final = 256 * 1024
+# Turns of one page when the caller names no range.
+PAGE_TURNS: Final = 50
 
 _TEXT_BLOCKS: Final = frozenset({"text", "input_text", "output_text"})
 # Codex sends these to the model as "user" messages, but no person typed them.
@@ -137,12 +145,26 @@ class SessionInfo:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One user or assistant turn; ``turn`` is its 0-based index in the session."""
+    """One user or assistant turn; ``turn`` is its 0-based index in the session.
+
+    ``content_truncated`` is set when the page's byte budget cut the text short.
+    """
 
     turn: int
     role: Role
     content: str
     ts: str | None
+    content_truncated: bool | None = field(default=None, metadata={"omit_none": True})
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPage:
+    """One page of a session's turns; ``next_from_turn`` is where the next page starts
+    (None: the session, or the requested range, ends here)."""
+
+    turns: list[Turn]
+    next_from_turn: int | None = None
+    more: str | None = field(default=None, metadata={"omit_none": True})
 
 
 def is_uuid(text: str) -> bool:
@@ -193,25 +215,31 @@ def get_conversation(
     agent: Agent | None = None,
     turn: int | None = None,
     window: int = 2,
-) -> list[Turn]:
-    """The turns of a session; with ``turn``, only ``turn - window .. turn + window``.
+    from_turn: int = 0,
+    max_turns: int = PAGE_TURNS,
+    max_bytes: int = PAGE_BYTES,
+) -> ConversationPage:
+    """One page of a session's turns: with ``turn``, ``turn - window .. turn + window``;
+    otherwise ``max_turns`` turns from ``from_turn`` on. A page holds at most ``max_bytes`` of
+    text: it ends before the turn that would pass the budget, and a first turn larger than the
+    whole budget comes cut (``content_truncated``).
 
     Without ``agent`` the Claude transcripts are searched first, then Codex. An unknown session
-    (or a ``turn`` past the end) gives ``[]``; a session id that is not a UUID is refused.
+    (or a range past the end) gives no turns; a session id that is not a UUID is refused.
     """
     sid = _session_id(session_id)
     agents = _agents(agent)
-    if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or turn < 0):
-        raise InvalidInput(f"turn must be an integer >= 0, not {turn!r}", field="turn")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise InvalidInput(f"window must be an integer >= 0, not {window!r}", field="window")
-    low, high = (0, None) if turn is None else (max(0, turn - window), turn + window)
+    for name, value, low in (("turn", turn, 0), ("window", window, 0), ("from_turn", from_turn, 0),
+                             ("max_turns", max_turns, 1), ("max_bytes", max_bytes, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise InvalidInput(f"{name} must be an integer >= {low}, not {value!r}", field=name)
+    first, last = (from_turn, from_turn + max_turns - 1) if turn is None else (max(0, turn - window), turn + window)
     for name in agents:
         root = roots.root(name)
         path = _locate(name, root, sid)
         if path is not None:
-            return _read_turns(name, path, root, low, high)
-    return []
+            return _read_page(name, path, root, _Page(first, last, max_bytes))
+    return ConversationPage([])
 
 
 def count_turns(roots: TranscriptRoots, agent: Agent, session_id: str) -> int:
@@ -591,32 +619,89 @@ def _iso_utc(mtime_ns: int) -> str:
 # Whole reads and incremental counts
 
 
-def _read_turns(agent: Agent, path: str, root: Path, low: int, high: int | None) -> list[Turn]:
-    """Turns ``low .. high`` (all from ``low`` when ``high`` is None) of one file."""
-    handle = _open_inside(path, root)
-    if handle is None:
-        return []
-    progress = _Progress()
-    # [index, role, text parts, ts]; parts grow while later lines of one message arrive.
-    kept: list[tuple[int, Role, list[str], str | None]] = []
+@dataclass(slots=True)
+class _Page:
+    """The turns ``first .. last`` of one page as they are read, within ``max_bytes`` of text."""
 
-    def feed(line: dict[str, Any]) -> bool:
-        fed = _feed(agent, line, progress)
-        if fed is None:
+    first: int
+    last: int
+    max_bytes: int
+    used: int = 0
+    # [index, role, text parts, ts, truncated]; parts grow while later lines of one message arrive.
+    kept: list[tuple[int, Role, list[str], str | None, list[bool]]] = field(default_factory=list)
+
+    def take(self, piece: _Piece, index: int, merged: bool) -> bool:
+        """Keep what ``piece`` adds to the page; False when the page ends before it."""
+        if index < self.first:
             return True
-        piece, index, merged = fed
-        if high is not None and index > high:
-            return False  # the window is complete; the rest of the file is not needed
-        if index >= low:
-            if merged and kept and kept[-1][0] == index:
-                kept[-1][2].append(piece.text)
-            elif not merged:
-                kept.append((index, piece.role, [piece.text], piece.ts))
+        if index > self.last:
+            return False
+        if merged:
+            if self.kept and self.kept[-1][0] == index:
+                self._add(self.kept[-1][2], self.kept[-1][4], piece.text)
+            return True
+        if self.kept and self.used + len(piece.text.encode("utf-8")) > self.max_bytes:
+            return False  # the next page starts with this turn
+        self.kept.append((index, piece.role, [], piece.ts, [False]))
+        self._add(self.kept[-1][2], self.kept[-1][4], piece.text)
         return True
 
+    def _add(self, parts: list[str], truncated: list[bool], text: str) -> None:
+        room = self.max_bytes - self.used
+        data = text.encode("utf-8")
+        if len(data) > room:
+            text, truncated[0] = data[:max(0, room)].decode("utf-8", "ignore"), True
+        if text:
+            parts.append(text)
+            self.used += len(text.encode("utf-8"))
+
+    def result(self, next_from_turn: int | None) -> ConversationPage:
+        turns = [Turn(index, role, "\n\n".join(parts), ts, True if cut[0] else None)
+                 for index, role, parts, ts, cut in self.kept]
+        notes = []
+        if next_from_turn is not None:
+            notes.append(f"More turns follow: call get_conversation again with from_turn={next_from_turn}.")
+        cut = next((t for t in turns if t.content_truncated), None)
+        if cut is not None and cut is turns[0]:
+            notes.append(f"Turn {cut.turn} is larger than a page ({self.max_bytes} bytes of text) and was cut.")
+        elif cut is not None:
+            notes.append(f"Turn {cut.turn} was cut to fit the page; from_turn={cut.turn} starts a page with it.")
+        return ConversationPage(turns, next_from_turn, " ".join(notes) or None)
+
+
+def _read_page(agent: Agent, path: str, root: Path, page: _Page) -> ConversationPage:
+    """One page of one file, resuming where the previous page of the same file ended."""
+    handle = _open_inside(path, root)
+    if handle is None:
+        return ConversationPage([])
+    key = (agent, path)
     with handle:
-        _consume(handle, 0, feed)
-    return [Turn(index, role, "\n\n".join(parts), ts) for index, role, parts, ts in kept]
+        info = os.fstat(handle.fileno())
+        identity = (info.st_dev, info.st_ino)
+        offset, progress = 0, _Progress()
+        with _lock:
+            mark = _page_marks.get(key)
+        if (mark is not None and mark.identity == identity and mark.progress.turns <= page.first
+                and mark.offset <= info.st_size and _tail_matches(handle, mark)):
+            offset, progress = mark.offset, replace(mark.progress)
+        for raw, end, _ in _iter_lines(handle, offset):
+            value = _decode(raw)
+            if value is not None:
+                before = replace(progress)
+                fed = _feed(agent, value, progress)
+                if fed is not None and not page.take(*fed):
+                    # This line starts the turn the next page begins with: remember where it is.
+                    start = max(0, offset - _TAIL_BYTES)
+                    handle.seek(start)
+                    state = _FileState(identity, offset, handle.read(offset - start), before)
+                    with _lock:
+                        _page_marks[key] = state
+                        _page_marks.move_to_end(key)
+                        while len(_page_marks) > _MAX_CACHED_FILES:
+                            _page_marks.popitem(last=False)
+                    return page.result(fed[1])
+            offset = end
+    return page.result(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -632,6 +717,8 @@ class _FileState:
 _lock: Final = threading.Lock()
 _paths: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 _states: OrderedDict[tuple[str, str], _FileState] = OrderedDict()
+# Where the page after the last one served begins, per file (``_read_page``).
+_page_marks: OrderedDict[tuple[str, str], _FileState] = OrderedDict()
 
 
 def _progress_of(agent: Agent, path: str, root: Path) -> _Progress | None:

@@ -10,6 +10,7 @@ daemon's log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -255,3 +256,13 @@ class DaemonFactory:
         if problems:
             log = self.started[-1].log() if self.started else ""
             pytest.fail("daemon teardown: " + "; ".join(problems) + "\n" + log)
+
+
+@contextlib.contextmanager
+def shared_daemon(tmp_path: Path, **extra_env: str) -> Iterator[DaemonProcess]:
+    """One daemon for a whole module (from a module-scoped fixture), stopped and checked after."""
+    factory = DaemonFactory(tmp_path)
+    try:
+        yield factory.start(**extra_env)
+    finally:
+        factory.teardown()

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import re
 import secrets
 import sqlite3
@@ -70,6 +71,7 @@ from keymem_daemon.engine.model import (
     ForgetResult,
     Handle,
     Hints,
+    IdempotencyKey,
     KeyRef,
     KeyView,
     LinkedKey,
@@ -99,7 +101,7 @@ from keymem_daemon.engine.text import (
     script_of,
 )
 from keymem_daemon.engine.vectors import VectorTable, top_indices
-from keymem_daemon.errors import InvalidInput, NotFound, Refused, StoreError
+from keymem_daemon.errors import IdempotencyKeyReused, InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.models.embedders import Embedder, ThresholdProfile
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,13 @@ ID_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
 VOCABULARY_META: Final = "learned_words"
 # The fingerprint of a store whose re-embedding for a new model has begun but not ended.
 PARTIAL: Final = "partial:"
+# How long a write's Idempotency-Key is remembered. The shim retries within one call
+# (seconds), but a client may retry after a crash or a laptop asleep for days; a week covers
+# that while the hourly cleanup keeps the table small.
+IDEMPOTENCY_TTL_SECONDS: Final = 7 * 86400
+# The longest ttl_seconds accepted: a century. Anything longer means "never expires" (omit
+# the ttl), and far larger values overflow the date an expiry is shown as.
+MAX_TTL_SECONDS: Final = 100 * 365 * 86400
 
 _MEMORY_COLUMNS: Final = (
     "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
@@ -699,7 +708,7 @@ class MemoryGraph:
         if require_keys and not clean_keys:
             raise Refused(
                 "keys required: no usable key survived sanitizing (need 1+ CJK character, or 2+ "
-                "characters otherwise). Nothing was saved -- a keyless memory can never be recalled.")
+                "visible characters otherwise). Nothing was saved -- a keyless memory can never be recalled.")
         types: dict[str, KeyType] = {}
         if key_types is not None:
             if isinstance(key_types, str):
@@ -728,8 +737,13 @@ class MemoryGraph:
                 except ValueError:
                     raise InvalidInput("ttl_seconds must be a number of seconds", field="ttl_seconds") from None
             if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float) \
-                    or not np.isfinite(ttl_seconds):
+                    or (isinstance(ttl_seconds, float) and not math.isfinite(ttl_seconds)):
                 raise InvalidInput("ttl_seconds must be a finite number of seconds", field="ttl_seconds")
+            # Compared as given: a huge int never passes through float (which would overflow).
+            if not 0 < ttl_seconds <= MAX_TTL_SECONDS:
+                raise InvalidInput(
+                    f"ttl_seconds must be more than 0 and at most {MAX_TTL_SECONDS} (100 years); omit it "
+                    "for a memory that never expires", field="ttl_seconds")
             ttl = float(ttl_seconds)
         profile = parse_decay_profile(decay_profile)
         related: list[str] = []
@@ -762,7 +776,7 @@ class MemoryGraph:
     # -- writes: remember -----------------------------------------------------------------
 
     def remember(self, request: NewMemory, *, host: Host | None = None,
-                 idempotency_key: str | None = None) -> RememberResult | Replayed:
+                 idempotency_key: IdempotencyKey | None = None) -> RememberResult | Replayed:
         prepared = self._embed_request(request)
         source = self.stamp("remember", host, request.source)
 
@@ -795,7 +809,7 @@ class MemoryGraph:
         return dataclasses.replace(result, hints=hints)
 
     def remember_batch(self, items: Sequence[NewMemory | InvalidInput], *, host: Host | None = None,
-                       idempotency_key: str | None = None) -> BatchResult | Replayed:
+                       idempotency_key: IdempotencyKey | None = None) -> BatchResult | Replayed:
         """Store every valid item in one transaction; an invalid item is reported, not stored."""
         batch_id = str(uuid.uuid4()) if len(items) > 1 else None
         prepared = [None if isinstance(i, InvalidInput) else self._embed_request(i) for i in items]
@@ -827,16 +841,27 @@ class MemoryGraph:
 
         return self.store.write(write)
 
-    def _replay(self, conn: sqlite3.Connection, key: str | None) -> Replayed | None:
-        if key is None:
+    def _replay(self, conn: sqlite3.Connection, idempotency: IdempotencyKey | None) -> Replayed | None:
+        """The stored answer of the request this key first came with; the same key on a
+        different request is refused (replaying would drop that request silently)."""
+        if idempotency is None:
             return None
-        row = conn.execute("SELECT result FROM idempotency WHERE key = ?", (key,)).fetchone()
-        return None if row is None else Replayed(json.loads(row[0]))
+        row = conn.execute("SELECT result, fingerprint FROM idempotency WHERE key = ?",
+                           (idempotency.key,)).fetchone()
+        if row is None:
+            return None
+        # A row recorded before fingerprints were stored (NULL) can only be replayed.
+        if row[1] is not None and row[1] != idempotency.fingerprint:
+            raise IdempotencyKeyReused(
+                f"Idempotency-Key {idempotency.key[:80]!r} was already used for a different request "
+                "(another tool or other arguments); nothing was done. Send a fresh key with every "
+                "new request and reuse a key only to retry exactly the same call.")
+        return Replayed(json.loads(row[0]))
 
-    def _record(self, conn: sqlite3.Connection, key: str | None, result: object) -> None:
-        if key is not None:
-            conn.execute("INSERT INTO idempotency(key, result, created_at) VALUES (?, ?, ?)",
-                         (key, dumps(result), self.clock()))
+    def _record(self, conn: sqlite3.Connection, idempotency: IdempotencyKey | None, result: object) -> None:
+        if idempotency is not None:
+            conn.execute("INSERT INTO idempotency(key, result, created_at, fingerprint) VALUES (?, ?, ?, ?)",
+                         (idempotency.key, dumps(result), self.clock(), idempotency.fingerprint))
 
     @dataclass(frozen=True, slots=True)
     class _Vectors:
@@ -1091,7 +1116,7 @@ class MemoryGraph:
 
     def correct(self, memory_id: object, request: NewMemory, *, keys_given: bool, related_given: bool,
                 ttl_given: bool, decay_given: bool, host: Host | None = None,
-                idempotency_key: str | None = None) -> CorrectResult | Replayed:
+                idempotency_key: IdempotencyKey | None = None) -> CorrectResult | Replayed:
         """One-step versioning: the correction supersedes the memory, which stays readable by
         id only; the memory it had itself superseded is deleted."""
         if not isinstance(memory_id, str):
@@ -1199,7 +1224,7 @@ class MemoryGraph:
         tx.after_commit(lambda: self.bodies.remove(memory_id))
         return restored
 
-    def forget(self, memory_id: object, *, idempotency_key: str | None = None) -> ForgetResult | Replayed:
+    def forget(self, memory_id: object, *, idempotency_key: IdempotencyKey | None = None) -> ForgetResult | Replayed:
         if not isinstance(memory_id, str):
             raise InvalidInput("memory_id must be a string", field="memory_id")
 
@@ -1241,7 +1266,7 @@ class MemoryGraph:
                     self._reindex_keys_of(tx, [r[0] for r in conn.execute(
                         "SELECT memory_id FROM links WHERE key_id = ?", (kid,))])
             candidates = conn.execute("DELETE FROM alias_candidates WHERE last_seen <= ?", (cutoff,)).rowcount
-            conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - 7 * 86400,))
+            conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - IDEMPOTENCY_TTL_SECONDS,))
             keys_after = conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0]
             return CleanupResult(deleted=len(expired), pruned_aliases=len(stale),
                                  pruned_candidates=candidates, pruned_keys=keys_before - keys_after)

@@ -22,7 +22,7 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from keymem_daemon.engine.text import is_short_concept, is_single_cjk, normalize, script_of
+from keymem_daemon.engine.text import is_short_concept, is_single_cjk, normalize, script_of, strip_invisible
 from keymem_daemon.engine.vectors import Snapshot, VectorTable
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.models.embedders import ThresholdProfile
@@ -114,7 +114,9 @@ def sanitize_keys(raw: object, *, field_name: str = "keys") -> SanitizedKeys:
             raise InvalidInput(f"{field_name} must contain only strings, got {item!r}", field=field_name)
         key = " ".join(item.split())
         norm = normalize(key)
-        if len(key) > MAX_KEY_CHARS or not (len(key) >= 2 or is_single_cjk(key)):
+        # Judged by what shows: a key of zero-width or bidi characters alone looks empty.
+        shown = strip_invisible(key).strip()
+        if len(key) > MAX_KEY_CHARS or not (len(shown) >= 2 or is_single_cjk(shown)):
             dropped.append(item)
             continue
         if norm in seen:

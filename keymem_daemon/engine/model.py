@@ -10,7 +10,9 @@ JSON-ready data. A field declared with ``omit()`` disappears from the JSON when 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -417,6 +419,24 @@ class CleanupResult:
     pruned_aliases: int
     pruned_candidates: int
     pruned_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKey:
+    """A client's ``Idempotency-Key`` and the fingerprint of the request it came with.
+
+    The fingerprint is a SHA-256 of the tool name and its arguments in canonical JSON (keys
+    sorted, no spaces), so a retry of the same call matches and any other call does not.
+    """
+
+    key: str
+    fingerprint: str
+
+    @classmethod
+    def of_call(cls, key: str, tool: str, arguments: Mapping[str, Any] | None) -> IdempotencyKey:
+        canonical = json.dumps({"tool": tool, "arguments": dict(arguments or {})}, sort_keys=True,
+                               separators=(",", ":"), ensure_ascii=True, default=repr)
+        return cls(key, hashlib.sha256(canonical.encode("ascii")).hexdigest())
 
 
 @dataclass(frozen=True, slots=True)

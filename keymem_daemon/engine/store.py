@@ -152,8 +152,17 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     _execute_script(conn, _SCHEMA_V1)
 
 
+def _migrate_idempotency_fingerprint(conn: sqlite3.Connection) -> None:
+    # What request an Idempotency-Key came with, so the same key on another request is refused
+    # instead of replaying the first answer. Rows recorded before it have none (NULL).
+    conn.execute("ALTER TABLE idempotency ADD COLUMN fingerprint TEXT")
+
+
 # Ordered: MIGRATIONS[i] takes a database from user_version i to i + 1.
-MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_migrate_v1,)
+MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (
+    _migrate_v1,
+    _migrate_idempotency_fingerprint,
+)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 

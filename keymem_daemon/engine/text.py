@@ -47,11 +47,30 @@ def normalize(text: str) -> str:
 
 
 def normalize_namespace(value: str | None) -> str:
-    """A namespace as stored and compared; empty means ``default``."""
+    """A namespace as stored and compared, without invisible characters (a bidi override or a
+    zero-width space would make two namespaces that look the same); empty means ``default``."""
     if value is None:
         return "default"
-    text = normalize(value)
+    text = normalize(strip_invisible(value))
     return text or "default"
+
+
+# Characters that show nothing although their category is a letter, a mark or a symbol: the
+# Hangul fillers, the braille blank, the combining grapheme joiner and the variation selectors.
+_BLANKS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u180b\u180c\u180d") | frozenset(
+    map(chr, [*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)]))
+
+
+def is_invisible(char: str) -> bool:
+    """A character that renders as nothing: format controls (zero-width spaces and joiners,
+    bidi marks, embeddings, overrides and isolates, the BOM, tags), other controls, and
+    ``_BLANKS``."""
+    return unicodedata.category(char) in ("Cf", "Cc") or char in _BLANKS
+
+
+def strip_invisible(text: str) -> str:
+    """``text`` without the characters ``is_invisible`` names."""
+    return "".join(c for c in text if not is_invisible(c))
 
 
 def has_hangul(text: str) -> bool:

@@ -81,8 +81,9 @@ def test_transcript_tools_are_offered_only_to_an_identified_host(daemons: Daemon
     assert {"list_sessions", "get_conversation"} <= identified
     assert client.post("/v1/tools/get_conversation", json={"arguments": {"session_id": SESSION_A}}).status_code == 404
 
-    turns = daemon.call("get_conversation", {"session_id": SESSION_A}, **_headers(SESSION_A))["result"]
-    assert [t["content"] for t in turns] == ["what is our deploy script?", "ops/deploy.sh"]
+    page = daemon.call("get_conversation", {"session_id": SESSION_A}, **_headers(SESSION_A))["result"]
+    assert [t["content"] for t in page["turns"]] == ["what is our deploy script?", "ops/deploy.sh"]
+    assert page["next_from_turn"] is None
     sessions = daemon.call("list_sessions", {}, **_headers(SESSION_A))["result"]
     assert SESSION_A in {s["session_id"] for s in sessions}
 

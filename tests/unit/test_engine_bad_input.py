@@ -265,3 +265,19 @@ def test_a_batch_with_a_bad_item_leaves_the_others_saved_and_names_the_bad_item(
     bad = result["items"][1]
     assert bad["index"] == 1 and bad["field"] == "decay_profile" and "forever" in bad["error"]
     assert graph.stats().memories == 1
+
+
+def test_issue_19_every_numeric_argument_has_its_range_in_the_schema_the_handler_reads() -> None:
+    """The tool layer clamps numbers into the schema's own range, so every numeric property
+    carries one: an open-ended offset once let 1e300 reach SQLite as an integer."""
+    from keymem_daemon.engine.graph import MAX_TTL_SECONDS
+    from keymem_daemon.tools import TOOLS
+
+    for tool in TOOLS:
+        for name, schema in tool.properties.items():
+            if name == "ttl_seconds":  # refused out of range (by the engine), never clamped
+                ranges = [s for s in schema.get("anyOf", [schema]) if s.get("type") == "number"]
+                assert ranges == [{**ranges[0], "exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS}], tool.name
+            elif schema.get("type") in ("integer", "number"):
+                assert {"minimum", "maximum"} <= set(schema), (tool.name, name)
+                assert name == "turn" or "default" in schema, (tool.name, name)

@@ -24,7 +24,7 @@ from engine_helpers import (
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.model import ForgetResult
-from keymem_daemon.errors import NotFound, Refused
+from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,10 +105,12 @@ def test_ttl_seconds_as_a_numeric_string_is_accepted(graph: MemoryGraph, tools: 
     assert graph.read_memory(mid).memory.expires_at == START + 120
 
 
-def test_a_negative_ttl_expires_at_once(graph: MemoryGraph) -> None:
-    mid = remember(graph, "Already outdated", ["outdated", "note"], ttl_seconds=-1)
-    with pytest.raises(NotFound):
-        graph.read_memory(mid)
+@pytest.mark.parametrize("ttl", [-1, 0, 0.0, "-5", 10**20, pytest.param(10**400, id="10**400"), "1e999", "inf"])
+def test_issue_19_a_ttl_that_is_not_positive_or_beyond_a_century_is_refused(graph: MemoryGraph, ttl: object) -> None:
+    # Before: -1 was "saved" and then never found; 10**20 crashed the write (HTTP 500).
+    with pytest.raises(InvalidInput) as refused:
+        remember(graph, "Already outdated", ["outdated", "note"], ttl_seconds=ttl)
+    assert refused.value.field == "ttl_seconds"
     assert graph.stats().memories == 0
 
 

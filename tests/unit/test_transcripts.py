@@ -477,7 +477,7 @@ def test_bad_listing_arguments_are_rejected_naming_the_field(roots: TranscriptRo
 def test_a_claude_conversation_keeps_text_and_merges_the_lines_of_one_message(
     both: TranscriptRoots,
 ) -> None:
-    turns = get_conversation(both, CLAUDE_ID, agent="claude")
+    turns = get_conversation(both, CLAUDE_ID, agent="claude").turns
     assert [(t.role, t.content) for t in turns] == CLAUDE_TURNS
     assert [t.turn for t in turns] == list(range(6))
     # A merged message keeps the time of its first line that carried text.
@@ -490,7 +490,7 @@ def test_a_claude_conversation_keeps_text_and_merges_the_lines_of_one_message(
 def test_a_codex_conversation_reads_response_items_once_without_injected_messages(
     both: TranscriptRoots,
 ) -> None:
-    turns = get_conversation(both, CODEX_ID, agent="codex")
+    turns = get_conversation(both, CODEX_ID, agent="codex").turns
     assert [(t.role, t.content) for t in turns] == CODEX_TURNS
     assert [t.ts for t in turns] == [ts(3), ts(7), ts(8), ts(9)]
     everything = repr(turns)
@@ -500,7 +500,7 @@ def test_a_codex_conversation_reads_response_items_once_without_injected_message
 
 def test_a_turn_window_returns_the_neighbours_clipped_at_both_ends(both: TranscriptRoots) -> None:
     def window(turn: int, size: int = 2) -> list[int]:
-        return [t.turn for t in get_conversation(both, CLAUDE_ID, turn=turn, window=size)]
+        return [t.turn for t in get_conversation(both, CLAUDE_ID, turn=turn, window=size).turns]
 
     assert window(0) == [0, 1, 2]
     assert window(3) == [1, 2, 3, 4, 5]
@@ -508,7 +508,7 @@ def test_a_turn_window_returns_the_neighbours_clipped_at_both_ends(both: Transcr
     assert window(3, 1) == [2, 3, 4]
     assert window(3, 0) == [3]
     assert window(40) == []
-    middle = get_conversation(both, CLAUDE_ID, turn=3, window=0)
+    middle = get_conversation(both, CLAUDE_ID, turn=3, window=0).turns
     assert middle[0].content == CLAUDE_TURNS[3][1]  # merged in full even inside a window
 
 
@@ -516,22 +516,22 @@ def test_without_an_agent_claude_is_tried_before_codex(roots: TranscriptRoots) -
     write(claude_file(roots, CODEX_ID), [claude_user("from claude", 1)])
     write(codex_file(roots), codex_session_lines())
     write(codex_file(roots, CLAUDE_ID_2), codex_session_lines(CLAUDE_ID_2))
-    assert [t.content for t in get_conversation(roots, CODEX_ID)] == ["from claude"]
-    assert [t.content for t in get_conversation(roots, CODEX_ID, agent="codex")] == [
+    assert [t.content for t in get_conversation(roots, CODEX_ID).turns] == ["from claude"]
+    assert [t.content for t in get_conversation(roots, CODEX_ID, agent="codex").turns] == [
         c for _, c in CODEX_TURNS
     ]
-    assert len(get_conversation(roots, CLAUDE_ID_2)) == 4  # only Codex has it
+    assert len(get_conversation(roots, CLAUDE_ID_2).turns) == 4  # only Codex has it
 
 
 def test_a_session_id_matches_file_names_in_either_case(both: TranscriptRoots) -> None:
-    assert len(get_conversation(both, CLAUDE_ID.upper())) == 6
+    assert len(get_conversation(both, CLAUDE_ID.upper()).turns) == 6
     assert count_turns(both, "codex", CODEX_ID.upper()) == 4
 
 
 def test_an_unknown_session_gives_no_turns(both: TranscriptRoots) -> None:
     unknown = "11111111-2222-4333-8444-555555555555"
-    assert get_conversation(both, unknown) == []
-    assert get_conversation(both, unknown, turn=0) == []
+    assert get_conversation(both, unknown).turns == []
+    assert get_conversation(both, unknown, turn=0).turns == []
     assert count_turns(both, "claude", unknown) == 0
 
 
@@ -592,8 +592,8 @@ def read_starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_count_turns_agrees_with_the_conversation(both: TranscriptRoots) -> None:
-    assert count_turns(both, "claude", CLAUDE_ID) == len(get_conversation(both, CLAUDE_ID)) == 6
-    assert count_turns(both, "codex", CODEX_ID) == len(get_conversation(both, CODEX_ID)) == 4
+    assert count_turns(both, "claude", CLAUDE_ID) == len(get_conversation(both, CLAUDE_ID).turns) == 6
+    assert count_turns(both, "codex", CODEX_ID) == len(get_conversation(both, CODEX_ID).turns) == 4
 
 
 def test_count_turns_reads_only_the_bytes_appended_since_the_last_call(
@@ -610,7 +610,7 @@ def test_count_turns_reads_only_the_bytes_appended_since_the_last_call(
     )
     assert count_turns(both, "claude", CLAUDE_ID) == 7
     assert read_starts == [0, size, size]
-    assert get_conversation(both, CLAUDE_ID, turn=5, window=0)[0].content == (
+    assert get_conversation(both, CLAUDE_ID, turn=5, window=0).turns[0].content == (
         "Added tests/test_cart.py.\n\nAll tests pass."
     )
 
@@ -651,7 +651,7 @@ def test_a_half_written_last_line_is_counted_once_it_is_finished(
     with path.open("a", encoding="utf-8") as handle:
         handle.write(finished[40:])
     assert count_turns(roots, "claude", CLAUDE_ID) == 2
-    assert [t.content for t in get_conversation(roots, CLAUDE_ID)] == ["first", "second"]
+    assert [t.content for t in get_conversation(roots, CLAUDE_ID).turns] == ["first", "second"]
 
 
 def test_a_last_line_without_a_newline_still_counts_when_it_is_complete(
@@ -661,7 +661,7 @@ def test_a_last_line_without_a_newline_still_counts_when_it_is_complete(
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(claude_user("only", 1)), encoding="utf-8")
     assert count_turns(roots, "claude", CLAUDE_ID) == 1
-    assert [t.content for t in get_conversation(roots, CLAUDE_ID)] == ["only"]
+    assert [t.content for t in get_conversation(roots, CLAUDE_ID).turns] == ["only"]
 
 
 def test_a_moved_session_file_is_found_again(both: TranscriptRoots) -> None:
@@ -670,7 +670,7 @@ def test_a_moved_session_file_is_found_again(both: TranscriptRoots) -> None:
     moved.parent.mkdir()
     os.replace(claude_file(both), moved)
     assert count_turns(both, "claude", CLAUDE_ID) == 6
-    assert get_conversation(both, CLAUDE_ID)[0].turn == 0
+    assert get_conversation(both, CLAUDE_ID).turns[0].turn == 0
     moved.unlink()
     assert count_turns(both, "claude", CLAUDE_ID) == 0
 
@@ -684,7 +684,7 @@ def test_an_oversize_line_is_skipped_without_losing_the_lines_around_it(
         claude_file(roots),
         [claude_user("before", 1), claude_user("x" * 5000, 2), claude_user("after", 3)],
     )
-    assert [t.content for t in get_conversation(roots, CLAUDE_ID)] == ["before", "after"]
+    assert [t.content for t in get_conversation(roots, CLAUDE_ID).turns] == ["before", "after"]
     assert count_turns(roots, "claude", CLAUDE_ID) == 2
 
 
@@ -705,7 +705,7 @@ def assert_never_read(roots: TranscriptRoots, session_ids: list[str]) -> None:
     assert SECRET not in repr(listed)
     assert not {s.session_id for s in listed} & set(session_ids)
     for session_id in session_ids:
-        assert get_conversation(roots, session_id) == []
+        assert get_conversation(roots, session_id).turns == []
         assert count_turns(roots, "claude", session_id) == 0
         assert count_turns(roots, "codex", session_id) == 0
 
@@ -784,5 +784,125 @@ def test_missing_roots_give_empty_results(tmp_path: Path) -> None:
         claude=tmp_path / "nope" / "projects", codex=tmp_path / "nope" / "sessions"
     )
     assert list_sessions(roots) == []
-    assert get_conversation(roots, CLAUDE_ID) == []
+    assert get_conversation(roots, CLAUDE_ID).turns == []
     assert count_turns(roots, "codex", CODEX_ID) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages (issue 19: a whole 300 MB transcript came back as one 292 MB answer)
+
+
+def _paged_session(roots: TranscriptRoots, turns: int, size: int) -> list[str]:
+    """A Claude session of ``turns`` alternating turns of about ``size`` characters each;
+    each assistant message is split over two lines, as Claude Code writes them."""
+    lines: list[dict[str, Any] | str] = []
+    texts = []
+    for index in range(turns):
+        body = f"turn {index} " + "한국어 and English " * (size // 18)
+        if index % 2 == 0:
+            lines.append(claude_user(body, index))
+            texts.append(body)
+        else:
+            half = len(body) // 2
+            lines.append(claude_assistant(f"msg_{index}", [text(body[:half])], index))
+            lines.append(claude_assistant(f"msg_{index}", [text(body[half:])], index))
+            texts.append(body[:half].strip() + "\n\n" + body[half:].strip())
+    write(claude_file(roots), lines)
+    return texts
+
+
+def test_issue_19_a_conversation_is_read_page_by_page_within_the_byte_budget(
+    roots: TranscriptRoots, read_starts: list[int]
+) -> None:
+    texts = _paged_session(roots, 30, 1000)
+    budget = 4096
+    seen: list[Turn] = []
+    page = get_conversation(roots, CLAUDE_ID, max_bytes=budget)
+    pages = 1
+    while True:
+        assert sum(len(t.content.encode()) for t in page.turns) <= budget
+        assert page.turns and not any(t.content_truncated for t in page.turns)
+        seen.extend(page.turns)
+        if page.next_from_turn is None:
+            assert page.more is None
+            break
+        assert page.next_from_turn == page.turns[-1].turn + 1
+        assert page.more and f"from_turn={page.next_from_turn}" in page.more
+        page = get_conversation(roots, CLAUDE_ID, from_turn=page.next_from_turn, max_bytes=budget)
+        pages += 1
+    assert pages > 5
+    assert [t.turn for t in seen] == list(range(30))
+    assert [t.content for t in seen] == [t.strip() for t in texts]
+    # Each page after the first resumed where the previous one ended: the file is parsed once.
+    assert len(read_starts) == pages and read_starts[0] == 0 and read_starts == sorted(set(read_starts))
+
+
+def test_issue_19_a_page_takes_at_most_max_turns_and_a_turn_over_the_budget_comes_cut(
+    roots: TranscriptRoots,
+) -> None:
+    _paged_session(roots, 12, 3000)
+    three = get_conversation(roots, CLAUDE_ID, from_turn=4, max_turns=3)
+    assert [t.turn for t in three.turns] == [4, 5, 6] and three.next_from_turn == 7
+    cut = get_conversation(roots, CLAUDE_ID, from_turn=5, max_bytes=1000)
+    assert [t.turn for t in cut.turns] == [5] and cut.turns[0].content_truncated is True
+    assert len(cut.turns[0].content.encode()) <= 1000 and cut.next_from_turn == 6
+    assert cut.more and "Turn 5 is larger than a page" in cut.more and "from_turn=6" in cut.more
+    # A turn cut because earlier turns filled the page says how to read it from a page's start.
+    four, five = (len(t.content.encode()) for t in three.turns[:2])
+    squeezed = get_conversation(roots, CLAUDE_ID, from_turn=4, max_bytes=four + five * 2 // 3)
+    assert [t.content_truncated for t in squeezed.turns] == [None, True]
+    assert squeezed.more and "from_turn=5 starts a page with it" in squeezed.more
+    last = get_conversation(roots, CLAUDE_ID, from_turn=10)
+    assert [t.turn for t in last.turns] == [10, 11] and last.next_from_turn is None
+    assert get_conversation(roots, CLAUDE_ID, from_turn=40).turns == []
+
+
+_MEASURE = r"""
+import dataclasses, json, resource, sys
+from pathlib import Path
+from keymem_daemon import transcripts
+
+roots = transcripts.TranscriptRoots(Path(sys.argv[1]), Path(sys.argv[2]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if sys.argv[3] == "conversation":
+    value = transcripts.get_conversation(roots, sys.argv[4], agent="claude")
+    plain = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else [dataclasses.asdict(t) for t in value]
+else:
+    plain = [dataclasses.asdict(s) for s in transcripts.list_sessions(roots)]
+answer = json.dumps(plain)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"answer_bytes": len(answer), "growth_mb": (after - before) / 1024}))
+"""
+
+
+def test_issue_19_a_60_mb_transcript_is_answered_in_bounded_size_and_memory(roots: TranscriptRoots) -> None:
+    """A 40 MB assistant message over 4,000 lines, then 2,000 turns of 10 KB: the first page
+    holds at most PAGE_BYTES of text, and neither a page nor the session list grows the reading
+    process by more than a fraction of the file."""
+    import subprocess
+    import sys
+
+    path = claude_file(roots)
+    path.parent.mkdir(parents=True)
+    chunk = "x" * 10_000
+    with path.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps(claude_user("Paste the whole build log, please.", 0)) + "\n")
+        for _ in range(4000):
+            handle.write(json.dumps(claude_assistant("msg_huge", [text(chunk)], 1)) + "\n")
+        for index in range(2000):
+            line = claude_user(chunk, 2) if index % 2 else claude_assistant(f"msg_{index}", [text(chunk)], 2)
+            handle.write(json.dumps(line) + "\n")
+    size_mb = path.stat().st_size / 2**20
+    assert size_mb > 60
+
+    def measure(*what: str) -> dict[str, float]:
+        done = subprocess.run([sys.executable, "-c", _MEASURE, str(roots.claude), str(roots.codex), *what],
+                              capture_output=True, text=True, timeout=240, check=True)
+        figures: dict[str, float] = json.loads(done.stdout)
+        return figures
+
+    page = measure("conversation", CLAUDE_ID)
+    assert page["answer_bytes"] < 2 * transcripts.PAGE_BYTES, page
+    assert page["growth_mb"] < 40, page
+    listing = measure("sessions")
+    assert listing["growth_mb"] < 40, listing
