@@ -1,12 +1,15 @@
 """The hand-written evaluation fixtures are well-formed.
 
-Covers tests/fixtures/key_pairs.tsv (labelled key pairs for threshold calibration) and the
-Korean/English retrieval set (ko_en_memories.jsonl + ko_en_queries.jsonl). Stdlib only, no network.
+Covers tests/fixtures/key_pairs.tsv (labelled key pairs for threshold calibration), the
+Korean/English retrieval set (ko_en_memories.jsonl + ko_en_queries.jsonl) and the push-path set
+(push_projects.jsonl + push_memories.jsonl + push_prompts.jsonl, see scripts/bench_push.py for
+the format). Stdlib only, no network.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import re
 import unicodedata
@@ -19,6 +22,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 KEY_PAIRS = FIXTURES / "key_pairs.tsv"
 MEMORIES = FIXTURES / "ko_en_memories.jsonl"
 QUERIES = FIXTURES / "ko_en_queries.jsonl"
+PUSH_PROJECTS = FIXTURES / "push_projects.jsonl"
+PUSH_MEMORIES = FIXTURES / "push_memories.jsonl"
+PUSH_PROMPTS = FIXTURES / "push_prompts.jsonl"
 
 HANGUL = re.compile(r"[\uac00-\ud7a3\u1100-\u11ff\u3130-\u318f]")
 LATIN = re.compile(r"[A-Za-z]")
@@ -456,3 +462,237 @@ def test_query_splits_are_roughly_balanced_within_each_category(
     for category, counts in by_category.items():
         dev_share = counts["dev"] / (counts["dev"] + counts["test"])
         assert 0.4 <= dev_share <= 0.6, (category, counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# push_projects.jsonl, push_memories.jsonl, push_prompts.jsonl (the push-path set, issue 18)
+#
+# One developer's store as a coding agent built it over a few weeks, and prompts as people type them.
+#   push_projects.jsonl  {"namespace", "cwd", "description"}: each project's namespace and checkout
+#                        directory (the bench maps cwd -> namespace in <data>/namespaces.json).
+#   push_memories.jsonl  {"id": "m001", "content", "keys", "key_types", "namespace" ("default" for
+#                        the person's preferences and people), "kind" (preference|fact|gotcha|person|
+#                        decision), "lang" (ko|en)}
+#   push_prompts.jsonl   {"id": "p001", "prompt", "cwd" (where it is typed: a project dir or /home/dev),
+#                        "gold" (memory ids a thoughtful assistant would want in mind; [] = none),
+#                        "kind" (see PUSH_PROMPT_KIND_MINIMUMS), "lang" (en|ko|mixed), "split" (dev|test)}
+
+PUSH_MEMORY_KINDS = {"preference", "fact", "gotcha", "person", "decision"}
+PUSH_PROMPT_KIND_MINIMUMS = {
+    "task": 40,
+    "error": 15,
+    "stacktrace": 12,
+    "code": 10,
+    "paraphrase": 10,
+    "person": 10,
+    "cross-language": 15,
+    "typo": 6,
+    "general": 25,
+    "near-miss": 25,
+}
+NO_GOLD_KINDS = {"general", "near-miss"}
+"""Prompts that need no memory by construction; the others may still have none (a task nothing stored helps)."""
+ALWAYS_GOLD_KINDS = {"paraphrase", "person", "cross-language", "typo"}
+PUSH_SPLIT_SEED = "keymem-push-split-v1"
+ISSUE_MEMORIES = {
+    "m001": "The user prefers dark mode in every editor",
+    "m002": "사용자는 변수 이름에 약어를 쓰지 않는 것을 선호한다",
+    "m023": "Staging uses a self-signed certificate: tests must set NODE_EXTRA_CA_CERTS to certs/staging-ca.pem",
+}
+
+
+@pytest.fixture(scope="module")
+def push_projects() -> list[dict[str, Any]]:
+    return _read_jsonl(PUSH_PROJECTS)
+
+
+@pytest.fixture(scope="module")
+def push_memories() -> list[dict[str, Any]]:
+    return _read_jsonl(PUSH_MEMORIES)
+
+
+@pytest.fixture(scope="module")
+def push_memories_by_id(push_memories: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {m["id"]: m for m in push_memories}
+
+
+@pytest.fixture(scope="module")
+def push_prompts() -> list[dict[str, Any]]:
+    return _read_jsonl(PUSH_PROMPTS)
+
+
+def _project_of(cwd: str, projects: list[dict[str, Any]]) -> str | None:
+    for p in projects:
+        if cwd == p["cwd"] or cwd.startswith(p["cwd"] + "/"):
+            return str(p["namespace"])
+    return None
+
+
+def test_push_projects_are_three_or_four_with_distinct_namespaces_and_dirs(
+    push_projects: list[dict[str, Any]],
+) -> None:
+    assert 3 <= len(push_projects) <= 4
+    for p in push_projects:
+        assert set(p) == {"namespace", "cwd", "description"}, p
+        assert p["namespace"] != "default" and re.fullmatch(r"[a-z][a-z0-9-]*", p["namespace"]), p
+        assert p["cwd"].startswith("/home/dev/src/") and not p["cwd"].endswith("/"), p
+    assert len({p["namespace"] for p in push_projects}) == len(push_projects)
+    assert len({p["cwd"] for p in push_projects}) == len(push_projects)
+
+
+def test_push_memories_are_at_least_90_with_unique_ids_and_the_expected_fields(
+    push_memories: list[dict[str, Any]], push_projects: list[dict[str, Any]]
+) -> None:
+    assert len(push_memories) >= 90
+    ids = [m["id"] for m in push_memories]
+    assert len(set(ids)) == len(ids)
+    namespaces = {"default"} | {p["namespace"] for p in push_projects}
+    for m in push_memories:
+        assert re.fullmatch(r"m\d{3}", m["id"]), m["id"]
+        assert set(m) == {"id", "content", "keys", "key_types", "namespace", "kind", "lang"}, m["id"]
+        assert 25 <= len(m["content"]) <= 300, (m["id"], len(m["content"]))
+        assert unicodedata.is_normalized("NFC", m["content"]), m["id"]
+        assert m["namespace"] in namespaces, m["id"]
+        assert m["kind"] in PUSH_MEMORY_KINDS, m["id"]
+        assert m["lang"] in {"ko", "en"}, m["id"]
+        assert 3 <= len(m["keys"]) <= 6, m["id"]
+        assert len({k.casefold() for k in m["keys"]}) == len(m["keys"]), m["id"]
+        for key in m["keys"]:
+            assert isinstance(key, str) and key.strip() == key and key, (m["id"], key)
+            assert len(key.split()) <= 4 and unicodedata.is_normalized("NFC", key), (m["id"], key)
+        for key, kind in m["key_types"].items():
+            assert key in m["keys"] and kind in KEY_TYPES, (m["id"], key)
+
+
+def test_push_memories_cover_every_project_and_kind_and_are_about_forty_percent_korean(
+    push_memories: list[dict[str, Any]], push_projects: list[dict[str, Any]]
+) -> None:
+    namespaces = collections.Counter(m["namespace"] for m in push_memories)
+    for ns in {"default"} | {p["namespace"] for p in push_projects}:
+        assert namespaces[ns] >= 10, (ns, namespaces)
+    kinds = collections.Counter(m["kind"] for m in push_memories)
+    assert all(kinds[k] >= 5 for k in PUSH_MEMORY_KINDS), kinds
+    korean = sum(m["lang"] == "ko" for m in push_memories)
+    assert 0.35 <= korean / len(push_memories) <= 0.5, korean
+    for m in push_memories:
+        hangul = len(HANGUL.findall(m["content"]))
+        if m["lang"] == "ko":
+            assert hangul >= 10, m["id"]
+        else:
+            assert hangul <= 0.1 * (hangul + len(LATIN.findall(m["content"]))), m["id"]
+
+
+def test_push_memories_hold_the_issue_examples_verbatim(
+    push_memories_by_id: dict[str, dict[str, Any]],
+) -> None:
+    for mid, content in ISSUE_MEMORIES.items():
+        assert push_memories_by_id[mid]["content"] == content, mid
+    assert set(push_memories_by_id["m023"]["keys"]) == {"staging", "certificate", "인증서", "TLS"}
+    assert set(push_memories_by_id["m002"]["keys"]) == {"변수 이름", "naming", "abbreviation", "약어"}
+
+
+def test_push_prompts_are_at_least_240_with_unique_ids_and_the_expected_fields(
+    push_prompts: list[dict[str, Any]],
+) -> None:
+    assert len(push_prompts) >= 240
+    ids = [p["id"] for p in push_prompts]
+    assert len(set(ids)) == len(ids)
+    for p in push_prompts:
+        assert re.fullmatch(r"p\d{3}", p["id"]), p["id"]
+        assert set(p) == {"id", "prompt", "cwd", "gold", "kind", "lang", "split"}, p["id"]
+        assert isinstance(p["prompt"], str) and p["prompt"].strip(), p["id"]
+        assert unicodedata.is_normalized("NFC", p["prompt"]), p["id"]
+        assert p["cwd"] == "/home/dev" or p["cwd"].startswith("/home/dev/src/"), p["id"]
+        assert p["kind"] in PUSH_PROMPT_KIND_MINIMUMS, p["id"]
+        assert p["lang"] in {"en", "ko", "mixed"}, p["id"]
+        assert p["split"] in {"dev", "test"}, p["id"]
+        assert isinstance(p["gold"], list) and len(set(p["gold"])) == len(p["gold"]) <= 3, p["id"]
+
+
+def test_push_prompt_kinds_meet_their_minimums_and_at_least_70_need_no_memory(
+    push_prompts: list[dict[str, Any]],
+) -> None:
+    counts = collections.Counter(p["kind"] for p in push_prompts)
+    for kind, minimum in PUSH_PROMPT_KIND_MINIMUMS.items():
+        assert counts[kind] >= minimum, (kind, counts[kind])
+    assert sum(not p["gold"] for p in push_prompts) >= 70
+    for p in push_prompts:
+        if p["kind"] in NO_GOLD_KINDS:
+            assert p["gold"] == [], p["id"]
+        if p["kind"] in ALWAYS_GOLD_KINDS:
+            assert p["gold"], p["id"]
+
+
+def test_push_prompt_language_matches_its_text(push_prompts: list[dict[str, Any]]) -> None:
+    langs = collections.Counter(p["lang"] for p in push_prompts)
+    assert langs["ko"] >= 60 and langs["mixed"] >= 10, langs
+    for p in push_prompts:
+        assert _has_hangul(p["prompt"]) == (p["lang"] != "en"), p["id"]
+        if p["lang"] == "mixed":
+            assert LATIN.search(p["prompt"]), p["id"]
+
+
+def test_push_gold_ids_exist_and_are_reachable_from_the_prompts_cwd(
+    push_prompts: list[dict[str, Any]],
+    push_memories_by_id: dict[str, dict[str, Any]],
+    push_projects: list[dict[str, Any]],
+) -> None:
+    for p in push_prompts:
+        project = _project_of(p["cwd"], push_projects)
+        for gold in p["gold"]:
+            assert gold in push_memories_by_id, (p["id"], gold)
+            if project is not None:
+                assert push_memories_by_id[gold]["namespace"] in {"default", project}, (p["id"], gold)
+
+
+def test_cross_language_push_prompts_have_gold_in_the_other_language(
+    push_prompts: list[dict[str, Any]], push_memories_by_id: dict[str, dict[str, Any]]
+) -> None:
+    for p in push_prompts:
+        if p["kind"] == "cross-language" and p["lang"] != "mixed":
+            langs = {push_memories_by_id[g]["lang"] for g in p["gold"]}
+            assert langs - {p["lang"]}, p["id"]
+
+
+def test_push_prompts_include_long_pasted_logs_and_are_not_copies_of_gold_text(
+    push_prompts: list[dict[str, Any]], push_memories_by_id: dict[str, dict[str, Any]]
+) -> None:
+    assert sum(len(p["prompt"]) >= 3000 for p in push_prompts) >= 8
+    assert sum(p["prompt"].count("\n") >= 50 for p in push_prompts) >= 5
+    for p in push_prompts:
+        text = p["prompt"].casefold().rstrip("?.! ")
+        for gold in p["gold"]:
+            assert text not in push_memories_by_id[gold]["content"].casefold(), (p["id"], gold)
+
+
+def _push_split_hash(prompt_id: str) -> str:
+    return hashlib.sha256(f"{PUSH_SPLIT_SEED}:{prompt_id}".encode()).hexdigest()
+
+
+def test_push_splits_follow_the_seeded_hash_rule(push_prompts: list[dict[str, Any]]) -> None:
+    """The split was drawn before any tuning: within each (kind, lang, has gold) stratum, in
+    sorted stratum order, prompts sorted by sha256(seed:id) alternate between the splits,
+    starting with the split that is smaller so far (dev on a tie)."""
+    strata: dict[tuple[str, str, bool], list[dict[str, Any]]] = collections.defaultdict(list)
+    for p in push_prompts:
+        strata[(p["kind"], p["lang"], bool(p["gold"]))].append(p)
+    sizes: collections.Counter[str] = collections.Counter()
+    for key in sorted(strata):
+        order = ("test", "dev") if sizes["test"] < sizes["dev"] else ("dev", "test")
+        for n, p in enumerate(sorted(strata[key], key=lambda p: _push_split_hash(p["id"]))):
+            assert p["split"] == order[n % 2], p["id"]
+            sizes[p["split"]] += 1
+
+
+def test_both_push_splits_hold_every_kind_and_language_about_half_each(
+    push_prompts: list[dict[str, Any]],
+) -> None:
+    for field in ("kind", "lang"):
+        by_value: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        for p in push_prompts:
+            by_value[p[field]][p["split"]] += 1
+        for value, counts in by_value.items():
+            assert counts["dev"] and counts["test"], (field, value, counts)
+            assert 0.4 <= counts["dev"] / (counts["dev"] + counts["test"]) <= 0.6, (field, value, counts)
+    no_gold = collections.Counter(p["split"] for p in push_prompts if not p["gold"])
+    assert abs(no_gold["dev"] - no_gold["test"]) <= 4, no_gold
