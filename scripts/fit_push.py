@@ -46,7 +46,8 @@ def sets(split: str) -> list[dict[str, Any]]:
     if (FIXTURES / "push_memories.jsonl").exists():
         prompts = [p for p in read_jsonl(FIXTURES / "push_prompts.jsonl") if p.get("split") == split]
         out.append({"name": "push", "memories": read_jsonl(FIXTURES / "push_memories.jsonl"), "prompts": prompts,
-                    "top_k": 2, "namespaces": FIXTURES / "push_namespaces.json"})
+                    "top_k": 2,
+                    "mapping": {p["cwd"]: [p["namespace"]] for p in read_jsonl(FIXTURES / "push_projects.jsonl")}})
     queries = [q for q in read_jsonl(FIXTURES / "ko_en_queries.jsonl") if q["split"] == split]
     out.append({"name": "korean", "memories": read_jsonl(FIXTURES / "ko_en_memories.jsonl"),
                 "prompts": [{**q, "prompt": q["query"]} for q in queries], "top_k": 5})
@@ -64,9 +65,7 @@ def collect(split: str) -> list[dict[str, Any]]:
                                               "namespace": m.get("namespace", "default")})
             id_map[result["saved"]] = m["id"]
         graph = client.service.ready_graph()
-        mapping = {}
-        if s.get("namespaces") and Path(s["namespaces"]).exists():
-            mapping = retrieval.parse_namespaces_file(Path(s["namespaces"]).read_text(encoding="utf-8"))
+        mapping = s.get("mapping") or {}
         for p in s["prompts"]:
             project: frozenset[str] = frozenset()
             if p.get("namespace"):

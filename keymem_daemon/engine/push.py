@@ -46,7 +46,7 @@ import numpy as np
 
 from keymem_daemon.engine.model import KeyRef
 from keymem_daemon.engine.retrieval import MIN_CORPUS, Scope, hybrid_recall, links_of, plan_query, sigmoid
-from keymem_daemon.engine.text import STOPWORDS, normalize, truncate
+from keymem_daemon.engine.text import STOPWORDS, normalize, script_of, truncate
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import MemoryGraph
@@ -70,8 +70,17 @@ PROSE_SHARE: Final = 0.7
 POOL: Final = 10
 # Of a memory's words, this many of the most specific are what it is "about".
 SALIENT_TERMS: Final = 8
-# A prompt term reaches a key from this cosine up (below, the embedder's neighbours are noise).
-REACH_FLOOR: Final = 0.5
+# A prompt term reaches a key from this cosine up (below, the embedder's neighbours are
+# noise); its reach grows from 0 there to 1 at a cosine of 1. A named key reaches 1.
+REACH_FLOOR: Final = 0.6
+# Identifiers of the prompt that read as words (UNABLE_TO_VERIFY_LEAF_SIGNATURE -> "unable to
+# verify leaf signature") are embedded as terms too, at most this many (each costs an embedding).
+IDENTIFIER_TERMS: Final = 4
+# A key the prompt names with a typo (drak mode, gradel) is named: Latin keys of TYPO_MIN
+# characters or more, within one edit, or TYPO_EDITS_LONG from TYPO_LONG characters.
+TYPO_MIN: Final = 5
+TYPO_LONG: Final = 9
+TYPO_EDITS_LONG: Final = 2
 # The "rest of the store" for the gap: the candidates ranked from REST_FROM on.
 REST_FROM: Final = 3
 
@@ -101,12 +110,20 @@ _ERROR = re.compile(
     r"(?:\b\w*(?:Error|Exception|Fault|Panic)\b|\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b|\b(?:error|fatal|panic|failed|"
     r"failure|refused|denied|timed? ?out|cannot|can't|unable|invalid|missing|not found|segfault)\b|에러|오류|실패)",
     re.I)
+_WORD = re.compile(r"[^\W_]+")
 _SENTENCE = re.compile(r"(?<=[.!?。])\s+|\n+")
 _DIGITS = re.compile(r"\d+")
 # An identifier: a token with an underscore, a path or dotted part, a hyphenated name, an
 # inner capital (camelCase, PostgreSQL) or letters and digits mixed, or all capitals.
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:\-@]*[A-Za-z0-9]")
 MIN_IDENTIFIER: Final = 4
+# A request for general knowledge (explain, what is, the difference between, 설명해줘, 차이):
+# what a memory of this user's projects rarely helps with.
+_GENERAL = re.compile(
+    r"^\s*(?:explain|what(?:'s| is| are| does)|how does|how do(?:es)? \w+ work|is it true|"
+    r"define)\b|\b(?:difference between|differs? from|vs\.|versus|compared to|conceptually|in general|"
+    r"pros and cons|history of|introduction to)\b|(?:설명해|차이|뭐야|뭔가요|무엇인가|뭐가 (?:나아|빨라|좋아)|"
+    r"정리해\s*줘|추천해\s*줘|입문)", re.I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +149,9 @@ def is_identifier(token: str) -> bool:
         return True
     if digits:
         return True
-    return any(c.isupper() for c in token[1:]) and not token.isupper()
+    # Two humps or more: InvalidFormatException, TestAssignConcurrent; one is a brand (TypeScript).
+    humps = sum(1 for a, b in zip(token, token[1:], strict=False) if a.islower() and b.isupper())
+    return humps >= 2
 
 
 def identifiers_of(text: str, limit: int = 64) -> tuple[str, ...]:
@@ -242,10 +261,16 @@ class Evidence:
     cosine: float
     score: float
     project: bool
+    general: bool
 
 
 FEATURES: Final = ("key_share", "key_best", "named", "term_share", "identifier", "relevance", "cosine",
-                   "vs_best", "gap", "project")
+                   "vs_best", "gap", "project", "general")
+
+
+def asks_general(prompt: str) -> bool:
+    """The prompt asks for general knowledge rather than work in the user's context."""
+    return _GENERAL.search(prompt) is not None
 
 
 def key_share(keys: Sequence[KeyReach]) -> float:
@@ -264,16 +289,17 @@ def features(evidence: Evidence, best: float, rest: float) -> tuple[float, ...]:
     """The decision's inputs, in FEATURES order. ``best`` is the best candidate's fused score
     for this prompt, ``rest`` the mean of those ranked from REST_FROM on (0 if none)."""
     strongest = max((k.reach * k.weight for k in evidence.keys), default=0.0)
-    named = 1.0 if any(k.named for k in evidence.keys) else 0.0
+    named = max((k.weight for k in evidence.keys if k.named), default=0.0)
     score = max(evidence.score, 1e-9)
     gap = max(0.0, min(1.0, 1.0 - rest / score))
     return (key_share(evidence.keys), strongest, named, term_share(evidence.terms),
             1.0 if evidence.identifiers else 0.0, evidence.relevance, max(0.0, evidence.cosine),
-            min(1.0, score / max(best, 1e-9)), gap, 1.0 if evidence.project else 0.0)
+            min(1.0, score / max(best, 1e-9)), gap, 1.0 if evidence.project else 0.0,
+            1.0 if evidence.general else 0.0)
 
 
 # Fitted on the dev split (see the module docstring); placeholder until measured.
-WEIGHTS: Final = (0.0, 0.0, 0.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0, 0.0)
+WEIGHTS: Final = (0.0, 0.0, 0.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 BIAS: Final = -10.0
 
 
@@ -465,7 +491,7 @@ def judge(graph: MemoryGraph, prompt: str, *, scope: Scope, project: frozenset[s
     hits = [h for h in result.hits if not _unanchored(h.matched_via)]
     if not hits:
         return [], {}, result.matched_keys
-    evidence = _evidence(graph, plan, cut.identifiers, hits, project)
+    evidence = _evidence(graph, plan, cut.identifiers, hits, project, asks_general(cut.query))
     scores = sorted((h.score for h in hits), reverse=True)
     best = scores[0]
     tail = scores[REST_FROM:]
@@ -483,8 +509,61 @@ def _unanchored(via: Sequence[str]) -> bool:
     return all(v in ("(bm25)", "(date)") or v.endswith("(via)") or v == "(linked)" for v in via)
 
 
+def spelling_distance(a: str, b: str, limit: int) -> int:
+    """Optimal string alignment distance (an edit or a swap of neighbours costs 1), or
+    ``limit + 1`` once it must exceed ``limit``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        if min(row) > limit:
+            return limit + 1
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def word_runs(words: Sequence[str], longest: int = 3) -> dict[int, set[str]]:
+    """The prompt's runs of 1..``longest`` words, by length in words."""
+    return {n: {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)} for n in range(1, longest + 1)}
+
+
+def misspelled_in(form: str, runs: Mapping[int, set[str]]) -> bool:
+    """``form`` (a key, normalised) occurs among ``runs`` (``word_runs``) mistyped: within one
+    edit (TYPO_EDITS_LONG from TYPO_LONG characters); Latin keys of TYPO_MIN or more only. A
+    typo seldom hits the first two letters both, which spares most comparisons."""
+    if len(form) < TYPO_MIN or script_of(form) != "latin":
+        return False
+    limit = TYPO_EDITS_LONG if len(form) >= TYPO_LONG else 1
+    for run in runs.get(len(form.split()), ()):
+        if run == form or abs(len(run) - len(form)) > limit or (run[0] not in form[:2] and form[0] not in run[:2]):
+            continue
+        if spelling_distance(run, form, limit) <= limit:
+            return True
+    return False
+
+
+def identifier_phrases(identifiers: Sequence[str]) -> list[str]:
+    """Identifiers that are words joined (snake, kebab, camel case) as those words, at most
+    IDENTIFIER_TERMS: the embedder reads "unable to verify leaf signature" as a TLS failure."""
+    out: list[str] = []
+    for ident in identifiers:
+        words = [w for w in re.split(r"[_\-]+", ident) if w]
+        if len(words) >= 3 and all(w.isalpha() for w in words):
+            out.append(" ".join(words))
+        if len(out) >= IDENTIFIER_TERMS:
+            break
+    return out
+
+
 def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: Sequence[Any],
-              project: frozenset[str]) -> dict[str, Evidence]:
+              project: frozenset[str], general: bool) -> dict[str, Evidence]:
     ids = [h.id for h in hits]
     literal = graph.keys.literal_ids(plan.literal_forms)
 
@@ -498,15 +577,22 @@ def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: S
     links, tokens = graph.store.read(read)
     key_ids = sorted({k for mid in ids for k, (_, auto) in links.get(mid, {}).items() if not auto})
     reach: dict[str, tuple[float, str | None]] = {}
-    if key_ids and len(plan.term_vectors):
-        sims = graph.keys.vectors.stack(key_ids) @ plan.term_vectors.T
+    phrases = identifier_phrases(identifiers)
+    terms = [*plan.terms, *phrases]
+    vectors = plan.term_vectors
+    if phrases:
+        extra = graph.embedder.embed(phrases)
+        vectors = np.vstack([vectors, extra]) if len(vectors) else extra
+    if key_ids and len(vectors):
+        sims = graph.keys.vectors.stack(key_ids) @ vectors.T
         for i, kid in enumerate(key_ids):
             j = int(np.argmax(sims[i]))
-            reach[kid] = (float(sims[i, j]), plan.terms[j])
+            reach[kid] = (float(sims[i, j]), terms[j])
     total = max(len(graph.bodies), MIN_CORPUS)
     vocab = {t for mid in ids for t in tokens.get(mid, []) if t not in STOPWORDS}
     df, _ = graph.token_stats(vocab)
     prompt_tokens = set(plan.tokens)
+    runs = word_runs(_WORD.findall(normalize(plan.text)))
     cosines = graph.bodies.cosines(ids, np.stack([plan.focus_vector, plan.vector]))
     out: dict[str, Evidence] = {}
     for h in hits:
@@ -516,9 +602,10 @@ def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: S
             if auto or info is None:
                 continue
             weight = math.log(1.0 + total / max(1, info.link_count)) / math.log(1.0 + total)
-            named = kid in literal
+            named = kid in literal or any(misspelled_in(normalize(form), runs)
+                                          for form in (info.concept, *info.aliases))
             sim, term = reach.get(kid, (0.0, None))
-            value = 1.0 if named else (sim if sim >= REACH_FLOOR else 0.0)
+            value = 1.0 if named else max(0.0, (sim - REACH_FLOOR) / (1.0 - REACH_FLOOR))
             keys.append(KeyReach(info.concept, weight, value, named, term))
         words = [t for t in dict.fromkeys(tokens.get(h.id, [])) if t not in STOPWORDS and len(t) > 1]
         idf = {t: math.log(1.0 + (total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in words}
@@ -529,7 +616,7 @@ def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: S
         out[h.id] = Evidence(
             keys=tuple(keys), terms=tuple((t, idf[t], t in prompt_tokens) for t in salient), identifiers=found,
             relevance=h.relevance_score, cosine=float(cos.max()) if cos is not None else 0.0, score=h.score,
-            project=h.namespace in project)
+            project=h.namespace in project, general=general)
     return out
 
 
