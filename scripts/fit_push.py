@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -34,7 +35,9 @@ from keymem_daemon.engine import push, retrieval  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 L2: float = 1.0
-"""Ridge penalty of the fit: a few hundred candidates, ten features."""
+"""Ridge penalty of the fit: a few hundred candidates, a dozen features."""
+TASK_POOL: int = 3
+"""Candidates per prompt the task model learns from: the ones a decision is about."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -84,6 +87,7 @@ def collect(split: str) -> list[dict[str, Any]]:
 
 
 def fit(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, float]:
+    """Logistic regression (L2, Newton steps) over every candidate of ``rows``."""
     xs = np.array([c["x"] for r in rows for c in r["cands"]], dtype=np.float64)
     ys = np.array([c["y"] for r in rows for c in r["cands"]], dtype=np.float64)
     design = np.hstack([xs, np.ones((len(xs), 1))])
@@ -101,16 +105,25 @@ def fit(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, float]:
     return w[:-1], float(w[-1])
 
 
-def evaluate(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float, floor: float
+def residual(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the task model learns from: each prompt's best TASK_POOL candidates that the
+    question gate does not already take (those it takes need no second opinion)."""
+    relevance = push.FEATURES.index("relevance")
+    return [{**r, "cands": [c for c in r["cands"][:TASK_POOL] if c["x"][relevance] < push.QUESTION_FLOOR]}
+            for r in rows]
+
+
+def evaluate(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float, floor: float = 0.5
              ) -> dict[str, dict[str, float]]:
+    """What the push path does with these task weights: push.decide's rule over each prompt's
+    candidates (top_k of those at or above ``floor``), per set."""
     out: dict[str, dict[str, float]] = {}
     for name in sorted({r["set"] for r in rows}):
         sel = [r for r in rows if r["set"] == name]
         hit = silent = shown = right = answerable = none = 0
         for r in sel:
-            scored = sorted(((float(np.dot(weights, c["x"]) + bias), c) for c in r["cands"]), key=lambda t: -t[0])
-            logit = np.log(floor / (1 - floor))
-            picked = [c for s, c in scored if s >= logit][: r["top_k"]]
+            scored = sorted(((push.decide(c["x"], weights, bias), c) for c in r["cands"]), key=lambda t: -t[0])
+            picked = [c for p, c in scored if p >= floor][: r["top_k"]]
             shown += len(picked)
             right += sum(c["y"] for c in picked)
             if r["gold"]:
@@ -124,36 +137,16 @@ def evaluate(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: flo
     return out
 
 
-def utility(figures: dict[str, dict[str, float]]) -> float:
-    """What the search maximises: hit + silence + precision on the push set (the issue's
-    three targets), R@5 + not-found on the Korean/English set (its two figures)."""
-    total = 0.0
-    for name, f in figures.items():
-        total += f["hit"] + f["silence"] + (f["precision"] if name == "push" else 0.0)
-    return total
-
-
-def search(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float, rounds: int = 12
-           ) -> tuple[list[float], float]:
-    """Coordinate search on the prompt-level utility at a floor of 0.5, from the fitted weights:
-    each weight (and the bias) in turn tries a ladder of changes and keeps the best."""
-    current = [*weights, bias]
-    best = utility(evaluate(rows, current[:-1], current[-1], 0.5))
-    steps = (-8.0, -4.0, -2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 4.0, 8.0)
-    for _ in range(rounds):
-        improved = False
-        for i in range(len(current)):
-            for step in steps:
-                trial = list(current)
-                trial[i] += step
-                if i < len(current) - 1 and trial[i] < 0:
-                    continue  # more evidence never counts against a memory
-                value = utility(evaluate(rows, trial[:-1], trial[-1], 0.5))
-                if value > best + 1e-9:
-                    best, current, improved = value, trial, True
-        if not improved:
-            break
-    return current[:-1], current[-1]
+def choose_bias(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float) -> float:
+    """The task model's bias: the lowest task floor (most hits on the push set) at which the
+    Korean/English set loses nothing against the question gate alone (R@5, not-found)."""
+    today = evaluate(rows, [0.0] * len(weights), -1e9)["korean"]
+    for floor in np.arange(0.30, 0.96, 0.01):
+        shifted = bias - math.log(floor / (1 - floor))
+        korean = evaluate(rows, weights, shifted)["korean"]
+        if korean["hit"] >= today["hit"] and korean["silence"] >= today["silence"]:
+            return shifted
+    return bias - math.log(0.95 / 0.05)
 
 
 def show(label: str, figures: dict[str, dict[str, float]]) -> None:
@@ -176,28 +169,16 @@ def main() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rows), encoding="utf-8")
     print(f"{len(rows)} prompts, {sum(len(r['cands']) for r in rows)} candidates; features {push.FEATURES}")
-    relevance = push.FEATURES.index("relevance")
-    old = [0.0] * len(push.FEATURES)
-    old[relevance] = 1.0
-    show("today's floor (rel>=.5)", evaluate(rows, old, -0.5, 0.5))
-    for floor in (0.3, 0.4, 0.5, 0.6, 0.7):
-        show(f"committed p>={floor}", evaluate(rows, push.WEIGHTS, push.BIAS, floor))
+    show("question gate alone", evaluate(rows, [0.0] * len(push.FEATURES), -1e9))
+    show("committed", evaluate(rows, push.WEIGHTS, push.BIAS))
     if args.split != "dev":
         return
-    weights, bias = fit(rows)
-    print("fitted weights:", ", ".join(f"{n}={w:.3f}" for n, w in zip(push.FEATURES, weights, strict=True)),
-          f"bias={bias:.3f}")
-    for floor in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
-        show(f"fitted p>={floor}", evaluate(rows, weights, bias, floor))
-    # Two starts: the fitted weights, and today's floor as a logistic (relevance 0.5 at p=0.5).
-    starts = [(list(weights), bias), ([20.0 if n == "relevance" else 0.0 for n in push.FEATURES], -10.0)]
-    found = [search(rows, w, b) for w, b in starts]
-    searched, sbias = max(found, key=lambda wb: utility(evaluate(rows, wb[0], wb[1], 0.5)))
-    print("searched weights:", ", ".join(f"{n}={w:.3f}" for n, w in zip(push.FEATURES, searched, strict=True)),
-          f"bias={sbias:.3f}")
-    print("WEIGHTS = (" + ", ".join(f"{w:.2f}" for w in searched) + f")\nBIAS = {sbias:.2f}")
-    for floor in (0.3, 0.4, 0.5, 0.6, 0.7):
-        show(f"searched p>={floor}", evaluate(rows, searched, sbias, floor))
+    weights, bias = fit(residual(rows))
+    for floor in (0.4, 0.5, 0.6, 0.7, 0.8):
+        show(f"fitted, task p>={floor}", evaluate(rows, weights, bias - math.log(floor / (1 - floor))))
+    chosen = choose_bias(rows, weights, bias)
+    show("fitted, chosen bias", evaluate(rows, weights, chosen))
+    print("WEIGHTS: Final = (" + ", ".join(f"{w:.3f}" for w in weights) + f")\nBIAS: Final = {chosen:.3f}")
 
 
 if __name__ == "__main__":

@@ -1120,7 +1120,7 @@ def test_a_task_no_memory_helps_with_stays_silent(tasks: Seeded, prompt: str) ->
 def test_a_memory_surfaced_in_a_session_is_not_repeated_there_but_is_in_another(tasks: Seeded) -> None:
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
     where = tasks.root / "elsewhere"
-    follow_up = "I exported the variable but the e2e tests against staging still fail the TLS handshake"
+    follow_up = "rebased on main and the staging e2e run still dies with UNABLE_TO_VERIFY_LEAF_SIGNATURE"
     env = tasks.env()
     opening = run_hook(env, in_session(CERT_PROMPTS[0], where, first), "user-prompt-submit")
     assert tasks.ids["cert"] in (opening.context() or ""), opening.outcome
