@@ -643,7 +643,8 @@ def _sound_index(graph: MemoryGraph) -> dict[tuple[str, ...], set[str]]:
                     words = normalize(form).split()
                     if 0 < len(words) <= 2 and all(w.isalpha() for w in words):
                         sounds = tuple(sound_skeleton(w) for w in words)
-                        if all(len(x) >= 2 for x in sounds) and (len(words) > 1 or len(sounds[0]) >= SOUND_KEY_CONSONANTS):
+                        long_enough = len(words) > 1 or len(sounds[0]) >= SOUND_KEY_CONSONANTS
+                        if long_enough and all(len(x) >= 2 for x in sounds):
                             by_sound.setdefault(sounds, set()).add(normalize(form))
             index.size, index.by_sound = len(graph.keys), by_sound
         return index.by_sound
