@@ -117,6 +117,8 @@ _DIGITS = re.compile(r"\d+")
 # inner capital (camelCase, PostgreSQL) or letters and digits mixed, or all capitals.
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:\-@]*[A-Za-z0-9]")
 MIN_IDENTIFIER: Final = 4
+_MARKED = re.compile(r"[_/@\-]|\d|\w\.\w")
+_HUMPS = re.compile(r"[a-z][A-Z].*[a-z][A-Z]")
 # A request for general knowledge (explain, what is, the difference between, 설명해줘, 차이):
 # what a memory of this user's projects rarely helps with.
 _GENERAL = re.compile(
@@ -137,21 +139,16 @@ class Condensed:
 
 def is_identifier(token: str) -> bool:
     """A name, path or error signature rather than a word: it holds an underscore, a slash, an
-    inner dot, a hyphen or an @, letters and digits mixed, or an inner capital (camelCase,
-    PostgreSQL). Mostly digits (a timestamp, a version) is no name; nor is a word in capitals."""
+    inner dot, a hyphen or an @, letters and digits mixed, or an inner capital twice
+    (InvalidFormatException; one is a brand, TypeScript). Mostly digits (a timestamp, a
+    version) is no name; nor is a word in capitals."""
     if len(token) < MIN_IDENTIFIER:
         return False
+    if _MARKED.search(token.strip(".")) is None:
+        return _HUMPS.search(token) is not None
     letters = sum(c.isalpha() for c in token)
     digits = sum(c.isdigit() for c in token)
-    if letters < 2 or digits > 2 * letters:
-        return False
-    if any(c in token for c in "_/@-") or "." in token.strip("."):
-        return True
-    if digits:
-        return True
-    # Two humps or more: InvalidFormatException, TestAssignConcurrent; one is a brand (TypeScript).
-    humps = sum(1 for a, b in zip(token, token[1:], strict=False) if a.islower() and b.isupper())
-    return humps >= 2
+    return letters >= 2 and digits <= 2 * letters
 
 
 def identifiers_of(text: str, limit: int = 64) -> tuple[str, ...]:
@@ -159,10 +156,13 @@ def identifiers_of(text: str, limit: int = 64) -> tuple[str, ...]:
     that differ only in their numbers (worker-1, worker-2) count once."""
     out: dict[str, None] = {}
     shapes: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        token = match.group().rstrip(".:")
-        if is_identifier(token) and (shape := _shape(token)) not in shapes:
-            shapes.add(shape)
+    for token in _TOKEN.findall(text):
+        token = token.rstrip(".:")
+        shape = _shape(token)
+        if shape in shapes:
+            continue
+        shapes.add(shape)
+        if is_identifier(token):
             out.setdefault(token.casefold())
             if len(out) >= limit:
                 break
@@ -565,23 +565,30 @@ def spelling_distance(a: str, b: str, limit: int) -> int:
     return prev[-1]
 
 
-def word_runs(words: Sequence[str], longest: int = 3) -> dict[int, set[str]]:
-    """The prompt's runs of 1..``longest`` words, by length in words."""
-    return {n: {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)} for n in range(1, longest + 1)}
+def word_runs(words: Sequence[str], longest: int = 3) -> dict[tuple[int, int], set[str]]:
+    """The prompt's runs of 1..``longest`` words, by (words, characters)."""
+    out: dict[tuple[int, int], set[str]] = {}
+    for n in range(1, longest + 1):
+        for i in range(len(words) - n + 1):
+            run = " ".join(words[i:i + n])
+            out.setdefault((n, len(run)), set()).add(run)
+    return out
 
 
-def misspelled_in(form: str, runs: Mapping[int, set[str]]) -> bool:
+def misspelled_in(form: str, runs: Mapping[tuple[int, int], set[str]]) -> bool:
     """``form`` (a key, normalised) occurs among ``runs`` (``word_runs``) mistyped: within one
     edit (TYPO_EDITS_LONG from TYPO_LONG characters); Latin keys of TYPO_MIN or more only. A
     typo seldom hits the first two letters both, which spares most comparisons."""
     if len(form) < TYPO_MIN or script_of(form) != "latin":
         return False
     limit = TYPO_EDITS_LONG if len(form) >= TYPO_LONG else 1
-    for run in runs.get(len(form.split()), ()):
-        if run == form or abs(len(run) - len(form)) > limit or (run[0] not in form[:2] and form[0] not in run[:2]):
-            continue
-        if spelling_distance(run, form, limit) <= limit:
-            return True
+    size = len(form.split())
+    for length in range(len(form) - limit, len(form) + limit + 1):
+        for run in runs.get((size, length), ()):
+            if run == form or (run[0] not in form[:2] and form[0] not in run[:2]):
+                continue
+            if spelling_distance(run, form, limit) <= limit:
+                return True
     return False
 
 
