@@ -10,7 +10,9 @@ It reads the host's hook JSON on stdin, finds the daemon through ``<data>/daemon
 posts ``{prompt, cwd, session_id, agent, top_k[, max_chars]}`` to ``/v1/inject`` and
 prints exactly ``{"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
 "additionalContext": <the daemon's block>}}`` -- the two keys Codex's
-``additionalProperties: false`` schema allows, which Claude Code reads too.
+``additionalProperties: false`` schema allows, which Claude Code reads too. The session id
+lets the daemon hold back what this session was already shown; a prompt longer than
+``PROMPT_SEND_CHARS`` is sent as its head and tail.
 
 It **always exits 0 and prints nothing on any failure** (no daemon, a slow or failing
 daemon, bad stdin, an unreadable ``daemon.json``): memory must never block or break a
