@@ -43,9 +43,12 @@ On main the inject route and ``floor`` agree on every prompt; the run prints the
 ``--with-existing`` (default on) adds the push-path figures of the existing sets, each in its own
 daemon: the Korean/English set's inject R@5 and not-found accuracy (``bench_korean.run`` and
 ``report``, all queries) and LoCoMo's inject R@5 (the facts and questions of ``bench_locomo.load``,
-inject top 10 per question as bench_locomo asks it; ``--locomo-convs`` limits the conversations,
-the five take about six minutes here). ``--json`` writes every figure, ``--rows`` the per-prompt
-results (what each path surfaced, for reading misses).
+inject top 10 per question as bench_locomo asks it; ``--locomo-convs`` limits the conversations).
+The whole run takes 80 s on an idle 2-core machine (the push set 25 s, the Korean/English set
+20 s, LoCoMo's five conversations 35 s), 2-4 min when it is shared; each phase prints its time.
+Latency figures move with the machine's load: compare them within one run. ``--json`` writes
+every figure, ``--rows`` the per-prompt results (what each path surfaced, with the baselines'
+relevance scores, for reading misses).
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ keymem_hook: Any = importlib.import_module("keymem_hook.keymem_hook")
 FIXTURES = ROOT / "tests" / "fixtures"
 PATHS = ("inject", "floor", "top1", "top2")
 BASELINES = PATHS[1:]
+CEILING = "ceiling"
+"""Every candidate: whether gold is among them at all (the most any decision over them can hit)."""
 TODAY_FLOOR = 0.5
 """main's KEYMEM_INJECT_MIN_REL default, used only if the setting no longer exists."""
 NEVER_ALONE = ("(bm25)", "(date)", "(linked)")
@@ -161,7 +166,7 @@ def frozen_candidates(service: Any, prompt: str, cwd: str, mapping: dict[str, li
 
 def run_baselines(data_dir: Path, prompts: Sequence[dict[str, Any]], id_map: dict[str, str],
                   mapping: dict[str, list[str]], top_k: int) -> tuple[dict[str, dict[str, Row]], float]:
-    """floor / top1 / top2 per prompt, from the frozen candidates on ``data_dir``'s store."""
+    """floor / top1 / top2 (and the ceiling) per prompt, from the frozen candidates on ``data_dir``'s store."""
     client = InProcess(data_dir)
     try:
         floor = float(getattr(client.service.ready_graph().settings, "inject_min_rel", TODAY_FLOOR))
@@ -169,6 +174,7 @@ def run_baselines(data_dir: Path, prompts: Sequence[dict[str, Any]], id_map: dic
             "floor": lambda c: [h for h in c if h.relevance_score >= floor][:top_k],
             "top1": lambda c: c[:1],
             "top2": lambda c: c[:2],
+            "ceiling": lambda c: c,
         }
         out: dict[str, dict[str, Row]] = {name: {} for name in pickers}
         for p in prompts:
@@ -336,12 +342,20 @@ def main() -> None:
     agree = _share([results["inject"][p["id"]]["ids"] == results["floor"][p["id"]]["ids"] for p in prompts])
     print(f"\ninject and floor surface the same memories on {_fmt(agree, 0)} of the prompts "
           "(1.000 on main's decision)")
+    ceiling = {name: figures(sel, results[CEILING])["hit"] for name, sel in parts.items()}
+    print("gold among the candidates at all (ceiling of any decision over them): "
+          + ", ".join(f"{name} {_fmt(v, 0)}" for name, v in ceiling.items() if v is not None))
+    print(f"push set: {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
     existing: dict[str, Any] = {}
     if args.with_existing:
+        phase = time.perf_counter()
         existing["korean"] = existing_korean()
+        print(f"Korean/English set: {time.perf_counter() - phase:.0f} s", file=sys.stderr)
         if (args.locomo_data / "facts.json").exists():
+            phase = time.perf_counter()
             existing["locomo"] = existing_locomo(args.locomo_data, [int(c) for c in args.locomo_convs.split(",")])
+            print(f"LoCoMo: {time.perf_counter() - phase:.0f} s", file=sys.stderr)
         else:
             print(f"\nLoCoMo skipped: no facts.json in {args.locomo_data} (--locomo-data or KEYMEM_LOCOMO_DATA)")
     runtime = time.perf_counter() - started
@@ -350,14 +364,15 @@ def main() -> None:
     args.rows.parent.mkdir(parents=True, exist_ok=True)
     with args.rows.open("w", encoding="utf-8") as out:
         for p in prompts:
-            out.write(json.dumps({"id": p["id"], "kind": p["kind"], "lang": p["lang"], "split": p["split"],
-                                  "gold": p["gold"], "prompt": p["prompt"][:200],
-                                  **{path: results[path][p["id"]] for path in PATHS}}, ensure_ascii=False) + "\n")
+            row = {"id": p["id"], "kind": p["kind"], "lang": p["lang"], "split": p["split"], "gold": p["gold"],
+                   "prompt": p["prompt"][:200], **{path: results[path][p["id"]] for path in (*PATHS, CEILING)}}
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
     print(f"per-prompt rows: {args.rows}", file=sys.stderr)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"split": args.split, "top_k": args.top_k, "floor": floor,
                                          "tables": tables, "against_baselines": diffs, "inject_floor_agreement": agree,
+                                         "ceiling_hit": ceiling,
                                          "existing": existing, "runtime_s": runtime}, indent=1, ensure_ascii=False),
                              encoding="utf-8")
         print(f"figures: {args.json}", file=sys.stderr)
