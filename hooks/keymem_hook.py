@@ -10,7 +10,9 @@ It reads the host's hook JSON on stdin, finds the daemon through ``<data>/daemon
 posts ``{prompt, cwd, session_id, agent, top_k[, max_chars]}`` to ``/v1/inject`` and
 prints exactly ``{"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
 "additionalContext": <the daemon's block>}}`` -- the two keys Codex's
-``additionalProperties: false`` schema allows, which Claude Code reads too.
+``additionalProperties: false`` schema allows, which Claude Code reads too. The session id
+lets the daemon hold back what this session was already shown; a prompt longer than
+``PROMPT_SEND_CHARS`` is sent as its head and tail.
 
 It **always exits 0 and prints nothing on any failure** (no daemon, a slow or failing
 daemon, bad stdin, an unreadable ``daemon.json``): memory must never block or break a
@@ -59,8 +61,9 @@ MAX_CHARS_RANGE = (256, 9500)
 """What the hook may ask for: the daemon's minimum, and room under the host cap."""
 HOST_CONTEXT_CAP = 10000
 """Claude Code and Codex both cap additionalContext at 10,000 characters."""
-PROMPT_SEND_CHARS = 16000
-"""The daemon reads the head of a prompt; a pasted megabyte need not cross the socket."""
+PROMPT_SEND_CHARS = 64000
+"""A pasted log or stack trace is read whole up to this (the daemon's push.PROMPT_READ_CHARS);
+a longer prompt is sent as its head and tail, where the question and the error usually are."""
 MAX_RESPONSE_BYTES = 1 << 20
 VENV_MARKER = "keymem-plugin-version"
 """Written into ``<data>/venv`` by the plugin's bootstrap after a verified install."""
@@ -398,8 +401,11 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
         note["daemon"] = str(exc)
         raise HookFailure(start_daemon(environ, directory)) from None
 
+    if len(stripped) > PROMPT_SEND_CHARS:
+        half = PROMPT_SEND_CHARS // 2
+        stripped = stripped[:half] + "\n" + stripped[-half:]
     request: dict[str, object] = {
-        "prompt": stripped[:PROMPT_SEND_CHARS],
+        "prompt": stripped,
         "top_k": env_int(environ, "KEYMEM_HOOK_TOP_K", DEFAULT_TOP_K, 1, 10),
         "agent": "codex" if codex else "claude",
     }

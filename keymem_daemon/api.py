@@ -165,7 +165,8 @@ class InjectIn(_Strict):
     namespace: str | None = Field(None, description="Search this namespace instead of the cwd's.")
     top_k: int = Field(2, ge=1, le=10, description="Most memories to surface.")
     max_chars: int | None = Field(None, ge=256, le=20000, description="Size of the rendered block.")
-    session_id: str | None = None
+    session_id: str | None = Field(None, min_length=1, max_length=200,
+                                   description="The host's session: what it was shown is not repeated.")
     agent: str | None = None
 
     @field_validator("prompt")
@@ -189,6 +190,7 @@ class InjectedMemoryOut(BaseModel):
     matched_key: KeyRefOut | None
     keys: list[KeyRefOut]
     validity: dict[str, Any]
+    why: str = Field(description="What in the prompt brought it, in a few words.")
     content_truncated: bool | None = None
 
 
@@ -198,6 +200,8 @@ class InjectOut(BaseModel):
     keys: list[KeyRefOut]
     took_ms: float
     skipped: str | None = Field(None, description="Why nothing was searched (too short, a slash command).")
+    held_back: list[str] = Field(default_factory=list,
+                                 description="Relevant memories this session was already shown, not repeated.")
 
 
 class StatsOut(BaseModel):

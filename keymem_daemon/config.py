@@ -185,8 +185,12 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     Variable("KEYMEM_INJECT_MAX_CHARS", "inject_max_chars", _number(int, 256, 20000), "2000",
              "Default size of the block the prompt hook receives."),
     Variable("KEYMEM_INJECT_MIN_REL", "inject_min_rel", _number(float, 0.0, 1.0), "0.5",
-             "Relevance floor for memories pushed into a prompt (0.5 rejects ~90% of unanswerable "
-             "prompts on the Korean/English set; lower surfaces more, and more noise)."),
+             "Floor of the push path's decision (the chance a memory helps with the prompt): 0.5 "
+             "keeps the Korean/English set's silence on unanswerable prompts; lower surfaces more "
+             "for task prompts, and more noise (see the README's push-path figures)."),
+    Variable("KEYMEM_INJECT_SESSION_TTL", "inject_session_ttl", parse_duration, "12h",
+             "How long after a host session's last prompt the daemon remembers what it surfaced "
+             "there (not repeated in that session); 0 = no session memory."),
     Variable("KEYMEM_RELATED_LIMIT", "related_limit", _number(int, 1, 1000), "20",
              "Most neighbours the related tool returns."),
     Variable("KEYMEM_AUTOSTART", "autostart", parse_bool, "true",
@@ -251,6 +255,7 @@ class Settings:
     task_evidence: bool = True
     inject_max_chars: int = 2000
     inject_min_rel: float = 0.5
+    inject_session_ttl: float = 12 * 3600.0
     related_limit: int = 20
     autostart: bool = True
     start_timeout: float = 20.0

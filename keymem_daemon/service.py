@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from keymem_daemon import instructions, tools, transcripts
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval, transfer
+from keymem_daemon.engine import push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.model import IdempotencyKey, render
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
@@ -67,6 +67,8 @@ class Service:
         self._namespaces = _NamespaceMap()
         self._lock = threading.Lock()
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
+        # What the push path surfaced in each host session, so it says nothing twice.
+        self.sessions = push.SessionMemory(ttl=settings.inject_session_ttl, clock=clock)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -203,15 +205,23 @@ class Service:
                 self._namespaces = _NamespaceMap(mtime, mapping)
             return self._namespaces.mapping
 
-    def inject(self, request: InjectRequest) -> retrieval.InjectResult:
+    def inject(self, request: InjectRequest) -> push.InjectResult:
+        """The push path for one prompt; with a session id, what that session was already
+        shown is held back, and what this prompt surfaces is remembered for it."""
         graph = self.ready_graph()
+        project: frozenset[str] = frozenset()
         if request.namespace is not None and request.namespace.strip():
             scope = retrieval.scope_of(graph.resolve_namespace(request.namespace))
         else:
             scope = retrieval.namespaces_for_cwd(self.namespace_map(), request.cwd)
+            project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
-        return retrieval.inject(graph, request.prompt, scope=scope, top_k=min(10, max(1, request.top_k)),
-                                max_chars=max(256, min(20000, max_chars)))
+        session = self.sessions.view(request.session_id) if request.session_id else None
+        result = push.inject(graph, request.prompt, scope=scope, top_k=min(10, max(1, request.top_k)),
+                             max_chars=max(256, min(20000, max_chars)), project=project, session=session)
+        if request.session_id and result.skipped is None:
+            self.sessions.record(request.session_id, [m.id for m in result.memories])
+        return result
 
     # -- operations -----------------------------------------------------------------------
 

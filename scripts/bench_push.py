@@ -93,6 +93,8 @@ CANDIDATES_MIN = 15
 """Main's inject asks hybrid_recall for max(3 * top_k, 15) candidates."""
 INJECT_PROMPT_CHARS = 4000
 """Main's inject searches the first 4000 characters of a prompt."""
+MIN_PROMPT_CHARS = 6
+"""Main's inject skips shorter prompts (retrieval.MIN_PROMPT_CHARS there; frozen here with the rest)."""
 WARMUP_PROMPT = "warm up the analyser and the embedder before timing 배포 준비"
 
 Row = dict[str, Any]
@@ -150,7 +152,7 @@ def frozen_candidates(service: Any, prompt: str, cwd: str, mapping: dict[str, li
     from keymem_daemon.engine import retrieval
 
     text = prompt.strip()[:keymem_hook.PROMPT_SEND_CHARS]
-    if len(text) < retrieval.MIN_PROMPT_CHARS or text.startswith("/"):
+    if len(text) < MIN_PROMPT_CHARS or text.startswith("/"):
         return []
     graph = service.ready_graph()
     scope = retrieval.namespaces_for_cwd(mapping, cwd)

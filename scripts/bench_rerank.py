@@ -48,7 +48,7 @@ def stand_in_model() -> Path:
 
 def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[str, Any]:
     from keymem_daemon.config import Settings
-    from keymem_daemon.engine import retrieval
+    from keymem_daemon.engine import push, retrieval
     from keymem_daemon.engine.graph import MemoryGraph
     from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder
     from keymem_daemon.models.reranker import RerankerManager
@@ -83,7 +83,7 @@ def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[
             scored.clear()
             t0 = time.perf_counter()
             if name == "inject":
-                retrieval.inject(graph, query, scope=None)
+                push.inject(graph, query, scope=None)
             else:
                 retrieval.hybrid_recall(graph, query, top_k=5, reinforce=False)
             times[name].append(time.perf_counter() - t0)

@@ -1,5 +1,5 @@
-"""Retrieval: finding keys for a query, ranking a key's memories, hybrid recall and the
-push path.
+"""Retrieval: finding keys for a query, ranking a key's memories, hybrid recall, and the
+namespaces a cwd may see (the push path's decision is ``push.py``).
 
 A query is analysed once (``plan_query``): its words, lexical tokens, the literal forms a
 key could take in it, and its candidate terms -- content words, nouns inside compounds
@@ -24,7 +24,6 @@ import logging
 import math
 import re
 import sqlite3
-import time
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from keymem_daemon.engine.model import (
     CompactKey,
     ConnectedKey,
     Hit,
-    KeyRef,
     MatchedKey,
     Memory,
     NearestKey,
@@ -1270,106 +1268,7 @@ def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, M
     return graph.store.read(read)
 
 
-# -- the push path ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class InjectedMemory:
-    id: str
-    content: str
-    namespace: str
-    relevance_score: float
-    matched_key: KeyRef | None
-    keys: list[KeyRef]
-    validity: Any
-    content_truncated: bool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class InjectResult:
-    context: str | None
-    memories: list[InjectedMemory]
-    keys: list[KeyRef]
-    took_ms: float
-    skipped: str | None = None
-
-
-MIN_PROMPT_CHARS: Final = 6
-LINE_CUT: Final = " …[truncated; read_memory for all]"
-INJECT_HEADER: Final = (
-    "Memories keymem surfaced for this message (unconfirmed; ignore any that are irrelevant). "
-    "read_memory(id) loads the full text and counts the access, but does not confirm it is still true. "
-    "Use fresh memories normally, qualify aging ones, and never assert a stale one as current -- verify "
-    "it or ask the user; confirm_memory(id, evidence) only with real evidence."
-)
-
-
-def render_inject(memories: Sequence[InjectedMemory], max_chars: int) -> str | None:
-    """The block the hook adds to the prompt, at most ``max_chars`` long (None if empty)."""
-    if not memories:
-        return None
-    head, tail = "<keymem-surfaced>\n" + INJECT_HEADER + "\n", "</keymem-surfaced>"
-    lines: list[str] = []
-    budget = max_chars - len(head) - len(tail)
-    per = max(80, budget // len(memories) - 1)
-    for m in memories:
-        key = f" key={m.matched_key.concept}" if m.matched_key is not None else ""
-        status = m.validity.status if m.validity is not None else "fresh"
-        prefix = f"- [{m.id} ns={m.namespace}{key} {status} rel={m.relevance_score:.2f}] "
-        text = " ".join(m.content.split())
-        room = per - len(prefix)
-        if room < 20 + len(LINE_CUT):
-            break
-        if len(text) > room:
-            text = text[: room - len(LINE_CUT)].rstrip() + LINE_CUT
-        line = prefix + text
-        if sum(len(x) + 1 for x in lines) + len(line) + 1 > budget:
-            break
-        lines.append(line)
-    if not lines:
-        return None
-    return head + "\n".join(lines) + "\n" + tail
-
-
-def inject(graph: MemoryGraph, prompt: str, *, scope: Scope, top_k: int = 2, max_chars: int = 2000,
-           min_rel: float | None = None) -> InjectResult:
-    """Which memories belong next to this prompt (maybe none). A pure read: nothing surfaced
-    here is reinforced, accessed or confirmed."""
-    started = time.perf_counter()
-    text = prompt.strip()
-    if len(text) < MIN_PROMPT_CHARS:
-        return InjectResult(None, [], [], 0.0, skipped="too short")
-    if text.startswith("/"):
-        return InjectResult(None, [], [], 0.0, skipped="slash command")
-    floor = graph.settings.inject_min_rel if min_rel is None else min_rel
-    query = text[:4000]
-    # No hops: a memory reached only by a hop has no relevance of its own to clear the floor.
-    result = hybrid_recall(graph, query, scope=scope, top_k=max(3 * top_k, 15), hops=1, reinforce=False,
-                           max_chars=max_chars, rerank_budget_ms=graph.settings.inject_rerank_budget_ms)
-    picked: list[InjectedMemory] = []
-    for hit in result.hits:
-        # BM25-only and unanchored hop memories never ride in on their own.
-        if all(v in ("(bm25)", "(date)") or v.endswith("(via)") or v == "(linked)" for v in hit.matched_via):
-            continue
-        if hit.relevance_score < floor:
-            continue
-        content, cut = truncate(hit.content, max_chars)
-        matched = next((k for k in hit.matched_via if not k.startswith("(") and not k.endswith(")")), None)
-        refs = [KeyRef(concept=k, key_id=_key_id_of(graph, k)) for k in hit.keys]
-        matched_ref = next((r for r in refs if r.concept == matched), None)
-        picked.append(InjectedMemory(id=hit.id, content=content, namespace=hit.namespace,
-                                     relevance_score=hit.relevance_score, matched_key=matched_ref, keys=refs,
-                                     validity=hit.validity, content_truncated=True if cut else None))
-        if len(picked) >= top_k:
-            break
-    keys = [KeyRef(concept=graph._concept(k), key_id=k) for k in result.matched_keys[:8]]
-    took = (time.perf_counter() - started) * 1000
-    return InjectResult(render_inject(picked, max_chars), picked, keys, round(took, 2))
-
-
-def _key_id_of(graph: MemoryGraph, concept: str) -> str:
-    kid = graph.keys.by_norm(normalize(concept))
-    return kid or ""
+# -- the push path's namespaces (the decision is in push.py) ----------------------------
 
 
 def parse_namespaces_file(text: str) -> dict[str, list[str]]:

@@ -22,7 +22,7 @@ from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
 from fake_hub import build_cross_encoder, minilm_files, model_dir, reranker_files
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval
+from keymem_daemon.engine import push, retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.models.embedders import CachedEmbedder, Embedder, UseEmbedder
@@ -149,7 +149,7 @@ def order(graph: MemoryGraph, query: str) -> list[str]:
 
 
 def pushed(graph: MemoryGraph, query: str) -> list[str]:
-    return [m.content for m in retrieval.inject(graph, query, scope=None, top_k=4, min_rel=0.0).memories]
+    return [m.content for m in push.inject(graph, query, scope=None, top_k=4, min_rel=0.0).memories]
 
 
 def test_recall_follows_the_reranker_within_its_budget_and_the_push_path_within_its_own(

@@ -172,6 +172,19 @@ def test_inject_renders_relevant_memories(client: TestClient) -> None:
     assert body["memories"] and "Helix" in body["context"]
     assert len(body["context"]) <= 1000
     assert body["memories"][0]["validity"]["status"] == "fresh"
+    assert "editor" in body["memories"][0]["why"]
+
+
+def test_inject_does_not_repeat_a_memory_within_a_session(client: TestClient) -> None:
+    client.post("/v1/tools/remember", json={"arguments": {
+        "content": "The user's favourite editor is Helix", "keys": ["editor", "helix", "favourite"]}})
+    ask = {"prompt": "which editor is my favourite one?", "session_id": "a1b2"}
+    first = client.post("/v1/inject", json=ask).json()
+    again = client.post("/v1/inject", json=ask).json()
+    other = client.post("/v1/inject", json={**ask, "session_id": "c3d4"}).json()
+    mid = first["memories"][0]["id"]
+    assert again["memories"] == [] and again["held_back"] == [mid] and again["context"] is None
+    assert [m["id"] for m in other["memories"]] == [mid]
 
 
 @pytest.mark.parametrize(
@@ -185,6 +198,8 @@ def test_inject_renders_relevant_memories(client: TestClient) -> None:
         ({"prompt": "long enough", "top_k": 11}, "top_k"),
         ({"prompt": "long enough", "max_chars": 10}, "max_chars"),
         ({"prompt": "long enough", "surprise": True}, "surprise"),
+        ({"prompt": "long enough", "session_id": ""}, "session_id"),
+        ({"prompt": "long enough", "session_id": "s" * 201}, "session_id"),
     ],
 )
 def test_inject_validates_its_body(client: TestClient, body: dict[str, Any], field: str) -> None:

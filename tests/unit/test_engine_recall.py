@@ -18,7 +18,7 @@ from engine_helpers import (
     state,
 )
 
-from keymem_daemon.engine import retrieval
+from keymem_daemon.engine import push, retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.retrieval import (
     bounded,
@@ -608,7 +608,7 @@ def test_observed_at_is_stored_and_shown(graph: MemoryGraph) -> None:
 def test_inject_surfaces_a_relevant_memory_passively(graph: MemoryGraph) -> None:
     ids_ = seed(graph)
     before = state(graph)
-    result = retrieval.inject(graph, "How do we announce deployment in Slack?", scope=None, top_k=2)
+    result = push.inject(graph, "How do we announce deployment in Slack?", scope=None, top_k=2)
     assert result.memories and result.memories[0].id == ids_["slack"]
     assert result.context is not None and ids_["slack"] in result.context
     assert result.context.startswith("<keymem-surfaced>") and result.context.endswith(
@@ -620,19 +620,19 @@ def test_inject_surfaces_a_relevant_memory_passively(graph: MemoryGraph) -> None
 
 def test_inject_skips_short_prompts_slash_commands_and_irrelevant_ones(graph: MemoryGraph) -> None:
     seed(graph)
-    assert retrieval.inject(graph, "hi", scope=None).skipped == "too short"
-    assert retrieval.inject(graph, "/compact now please", scope=None).skipped == "slash command"
-    nothing = retrieval.inject(graph, "Explain quantum chromodynamics to me", scope=None)
+    assert push.inject(graph, "hi", scope=None).skipped == "too short"
+    assert push.inject(graph, "/compact now please", scope=None).skipped == "slash command"
+    nothing = push.inject(graph, "Explain quantum chromodynamics to me", scope=None)
     assert nothing.memories == [] and nothing.context is None
 
 
 def test_inject_respects_its_scope(graph: MemoryGraph) -> None:
     remember(graph, "Office wifi needs a VPN", ["wifi", "vpn"], namespace="work")
     assert (
-        retrieval.inject(graph, "How do I get on the wifi?", scope=frozenset({"default"})).memories
+        push.inject(graph, "How do I get on the wifi?", scope=frozenset({"default"})).memories
         == []
     )
-    assert retrieval.inject(
+    assert push.inject(
         graph, "How do I get on the wifi?", scope=frozenset({"work", "default"})
     ).memories
 
@@ -655,7 +655,7 @@ def test_inject_surfaces_a_memory_written_in_the_other_language(
     # The words of a memory in the other script cover the prompt's words through their meaning
     # (friday -> 금요일, 승인 -> approvals), not only the keys the memory was given.
     ids_ = [remember(graph, content, keys) for content, keys in CROSS_LINGUAL]
-    result = retrieval.inject(graph, prompt, scope=None)
+    result = push.inject(graph, prompt, scope=None)
     assert [m.id for m in result.memories][:1] == [ids_[expected]]
 
 
@@ -663,7 +663,7 @@ def test_inject_surfaces_a_memory_written_in_the_other_language(
 def test_inject_stays_silent_across_languages_when_nothing_fits(graph: MemoryGraph, prompt: str) -> None:
     for content, keys in CROSS_LINGUAL:
         remember(graph, content, keys)
-    assert retrieval.inject(graph, prompt, scope=None).memories == []
+    assert push.inject(graph, prompt, scope=None).memories == []
 
 
 SOUND_ALIKE = [
@@ -684,7 +684,7 @@ def test_inject_reads_a_loanword_or_name_written_in_the_other_script_as_the_same
     # The embedder puts these pairs just below the translation bar (브랜치/branch 0.53,
     # 도윤/Doyun 0.48); they sound the same, so the memory covers the prompt's words.
     ids_ = [remember(graph, content, keys) for content, keys in SOUND_ALIKE]
-    result = retrieval.inject(graph, prompt, scope=None)
+    result = push.inject(graph, prompt, scope=None)
     assert [m.id for m in result.memories][:1] == [ids_[expected]]
 
 
@@ -729,7 +729,7 @@ def test_a_korean_predicate_or_what_an_asking_word_asks_weighs_less_than_the_nou
 def test_inject_surfaces_a_memory_that_answers_a_question_in_other_words(
         graph: MemoryGraph, prompt: str, expected: int) -> None:
     ids_ = [remember(graph, content, keys) for content, keys in ANSWERS_IN_OTHER_WORDS]
-    result = retrieval.inject(graph, prompt, scope=None)
+    result = push.inject(graph, prompt, scope=None)
     assert [m.id for m in result.memories][:1] == [ids_[expected]]
 
 
@@ -737,7 +737,7 @@ def test_inject_stays_silent_when_the_noun_a_korean_question_is_about_is_missing
     # The memory is about the user's (absent) car, not the father's: the unmatched noun still counts.
     for content, keys in ANSWERS_IN_OTHER_WORDS:
         remember(graph, content, keys)
-    assert retrieval.inject(graph, "아버지는 무슨 차를 타셔?", scope=None).memories == []
+    assert push.inject(graph, "아버지는 무슨 차를 타셔?", scope=None).memories == []
 
 
 def test_min_rel_score_drops_the_weak_tail(graph: MemoryGraph) -> None:
@@ -780,5 +780,5 @@ def test_the_first_memory_of_a_new_store_surfaces_for_a_related_prompt(graph: Me
     # words it lacks outweigh the ones it has (regression: nothing surfaced until 4 memories).
     remember(graph, "The billing service deploys every Tuesday after the 2pm standup.",
              ["billing", "deployment", "Tuesday"])
-    result = retrieval.inject(graph, "When do we deploy the billing service?", scope=None)
+    result = push.inject(graph, "When do we deploy the billing service?", scope=None)
     assert result.context is not None and "billing service deploys" in result.context

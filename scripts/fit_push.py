@@ -1,0 +1,185 @@
+"""Fit the push path's decision (keymem_daemon/engine/push.py WEIGHTS, BIAS, the floor) on dev.
+
+    python scripts/fit_push.py [--features bench-out/push-features.json] [--reuse] [--split dev]
+
+Each set's memories are stored in a fresh in-process service; every prompt of ``--split``
+is judged (``push.judge``: the candidate pool, each candidate's features), and the rows are
+written to ``--features``. A logistic regression (L2, Newton steps) is fitted over all
+candidates, each labelled by whether it is gold for its prompt, and the probability floor
+is swept: for each floor it prints, per set, what the push path would do with it --
+push set: hit, silence, precision (top 2); Korean/English set: R@5 and not-found (top 5, as
+scripts/bench_korean.py asks). The current WEIGHTS are printed beside it. Only the dev
+split is for fitting; ``--split test`` reports the committed weights on test, and fits nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_client import InProcess  # noqa: E402
+
+from keymem_daemon.engine import push, retrieval  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+L2: float = 1.0
+"""Ridge penalty of the fit: a few hundred candidates, a dozen features."""
+TASK_POOL: int = 3
+"""Candidates per prompt the task model learns from: the ones a decision is about."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def sets(split: str) -> list[dict[str, Any]]:
+    out = []
+    if (FIXTURES / "push_memories.jsonl").exists():
+        prompts = [p for p in read_jsonl(FIXTURES / "push_prompts.jsonl") if p.get("split") == split]
+        out.append({"name": "push", "memories": read_jsonl(FIXTURES / "push_memories.jsonl"), "prompts": prompts,
+                    "top_k": 2,
+                    "mapping": {p["cwd"]: [p["namespace"]] for p in read_jsonl(FIXTURES / "push_projects.jsonl")}})
+    queries = [q for q in read_jsonl(FIXTURES / "ko_en_queries.jsonl") if q["split"] == split]
+    out.append({"name": "korean", "memories": read_jsonl(FIXTURES / "ko_en_memories.jsonl"),
+                "prompts": [{**q, "prompt": q["query"]} for q in queries], "top_k": 5})
+    return out
+
+
+def collect(split: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for s in sets(split):
+        client = InProcess(Path(tempfile.mkdtemp(prefix=f"keymem-fit-{s['name']}-")))
+        id_map: dict[str, str] = {}
+        for m in s["memories"]:
+            result = client.tool("remember", {"content": m["content"], "keys": m["keys"],
+                                              "key_types": m.get("key_types") or {},
+                                              "namespace": m.get("namespace", "default")})
+            id_map[result["saved"]] = m["id"]
+        graph = client.service.ready_graph()
+        mapping = s.get("mapping") or {}
+        for p in s["prompts"]:
+            project: frozenset[str] = frozenset()
+            if p.get("namespace"):
+                scope = retrieval.scope_of(p["namespace"])
+            else:
+                scope = retrieval.namespaces_for_cwd(mapping, p.get("cwd"))
+                project = (scope or frozenset()) - {"default"}
+            judged, _, _ = push.judge(graph, p["prompt"], scope=scope, project=project)
+            gold = set(p.get("gold") or [])
+            rows.append({"set": s["name"], "id": p["id"], "top_k": s["top_k"], "gold": sorted(gold),
+                         "kind": p.get("kind") or p.get("category"),
+                         "cands": [{"id": id_map.get(j.memory_id, j.memory_id), "x": list(j.features),
+                                    "y": id_map.get(j.memory_id) in gold} for j in judged]})
+        client.close()
+    return rows
+
+
+def fit(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, float]:
+    """Logistic regression (L2, Newton steps) over every candidate of ``rows``."""
+    xs = np.array([c["x"] for r in rows for c in r["cands"]], dtype=np.float64)
+    ys = np.array([c["y"] for r in rows for c in r["cands"]], dtype=np.float64)
+    design = np.hstack([xs, np.ones((len(xs), 1))])
+    w = np.zeros(design.shape[1])
+    penalty = np.eye(design.shape[1]) * L2
+    penalty[-1, -1] = 0.0
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-design @ w))
+        grad = design.T @ (p - ys) + penalty @ w
+        hess = design.T @ (design * (p * (1 - p))[:, None]) + penalty
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w[:-1], float(w[-1])
+
+
+def residual(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the task model learns from: each prompt's best TASK_POOL candidates that the
+    question gate does not already take (those it takes need no second opinion)."""
+    relevance = push.FEATURES.index("relevance")
+    return [{**r, "cands": [c for c in r["cands"][:TASK_POOL] if c["x"][relevance] < push.QUESTION_FLOOR]}
+            for r in rows]
+
+
+def evaluate(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float, floor: float = 0.5
+             ) -> dict[str, dict[str, float]]:
+    """What the push path does with these task weights: push.decide's rule over each prompt's
+    candidates (top_k of those at or above ``floor``), per set."""
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted({r["set"] for r in rows}):
+        sel = [r for r in rows if r["set"] == name]
+        hit = silent = shown = right = answerable = none = 0
+        for r in sel:
+            scored = sorted(((push.decide(c["x"], weights, bias), c) for c in r["cands"]), key=lambda t: -t[0])
+            picked = [c for p, c in scored if p >= floor][: r["top_k"]]
+            shown += len(picked)
+            right += sum(c["y"] for c in picked)
+            if r["gold"]:
+                answerable += 1
+                hit += any(c["y"] for c in picked)
+            else:
+                none += 1
+                silent += not picked
+        out[name] = {"hit": hit / max(1, answerable), "silence": silent / max(1, none),
+                     "precision": right / max(1, shown), "per_prompt": shown / max(1, len(sel))}
+    return out
+
+
+def choose_bias(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float) -> float:
+    """The task model's bias: the lowest task floor (most hits on the push set) at which the
+    Korean/English set loses nothing against the question gate alone (R@5, not-found)."""
+    today = evaluate(rows, [0.0] * len(weights), -1e9)["korean"]
+    for floor in np.arange(0.30, 0.96, 0.01):
+        shifted = bias - math.log(floor / (1 - floor))
+        korean = evaluate(rows, weights, shifted)["korean"]
+        if korean["hit"] >= today["hit"] and korean["silence"] >= today["silence"]:
+            return shifted
+    return bias - math.log(0.95 / 0.05)
+
+
+def show(label: str, figures: dict[str, dict[str, float]]) -> None:
+    cells = [f"{n}: hit {f['hit']:.3f} silence {f['silence']:.3f} prec {f['precision']:.3f} n/prompt "
+             f"{f['per_prompt']:.2f}" for n, f in figures.items()]
+    print(f"{label:24s} " + " | ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", default="dev", choices=("dev", "test"))
+    parser.add_argument("--features", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true", help="read --features instead of judging again")
+    args = parser.parse_args()
+    path = args.features or ROOT / "bench-out" / f"push-features-{args.split}.json"
+    if args.reuse and path.exists():
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        rows = collect(args.split)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows), encoding="utf-8")
+    print(f"{len(rows)} prompts, {sum(len(r['cands']) for r in rows)} candidates; features {push.FEATURES}")
+    show("question gate alone", evaluate(rows, [0.0] * len(push.FEATURES), -1e9))
+    show("committed", evaluate(rows, push.WEIGHTS, push.BIAS))
+    if args.split != "dev":
+        return
+    weights, bias = fit(residual(rows))
+    for floor in (0.4, 0.5, 0.6, 0.7, 0.8):
+        show(f"fitted, task p>={floor}", evaluate(rows, weights, bias - math.log(floor / (1 - floor))))
+    chosen = choose_bias(rows, weights, bias)
+    show("fitted, chosen bias", evaluate(rows, weights, chosen))
+    print("WEIGHTS: Final = (" + ", ".join(f"{w:.3f}" for w in weights) + f")\nBIAS: Final = {chosen:.3f}")
+
+
+if __name__ == "__main__":
+    main()
