@@ -91,13 +91,16 @@ def build_apps(service: Service, settings: Settings, *, run: Run, handle_error: 
             raise Unauthorized("no inspector session: open the link `keymemd ui` prints")
         return session
 
-    def csrf_checked(request: Request, session: Annotated[Session, Depends(session_of)]) -> Session:
+    def csrf_checked(request: Request) -> Session:
+        session = session_of(request)
         if not auth.csrf_ok(session, request.headers.get(CSRF_HEADER)):
             raise ForbiddenOrigin("missing or wrong CSRF token (X-CSRF-Token)")
         return session
 
-    UiSession = Annotated[Session, Depends(session_of)]
-    Csrf = Annotated[Session, Depends(csrf_checked)]
+    # Dependencies by decorator: these closures are not module globals, which string
+    # annotations (``from __future__ import annotations``) would need to resolve.
+    session_required = [Depends(session_of)]
+    csrf_required = [Depends(csrf_checked)]
 
     # -- the browser's pages --------------------------------------------------------------
 
@@ -134,9 +137,8 @@ def build_apps(service: Service, settings: Settings, *, run: Run, handle_error: 
 
     # -- curation, export and import (cookie + CSRF) ------------------------------------
 
-    @ui.post("/api/tools/{name}", include_in_schema=False)
-    async def call_tool(name: str, session: Csrf,
-                        body: Annotated[dict[str, Any], Body()]) -> Response:
+    @ui.post("/api/tools/{name}", include_in_schema=False, dependencies=csrf_required)
+    async def call_tool(name: str, body: Annotated[dict[str, Any], Body()]) -> Response:
         if name not in UI_TOOLS:
             raise NotFound(f"the inspector does not call {name}")
         arguments = body.get("arguments")
@@ -149,12 +151,12 @@ def build_apps(service: Service, settings: Settings, *, run: Run, handle_error: 
 
         return await run(work)
 
-    @ui.post("/api/import", include_in_schema=False)
-    async def import_(session: Csrf, data: Annotated[dict[str, Any], Body()]) -> Response:
+    @ui.post("/api/import", include_in_schema=False, dependencies=csrf_required)
+    async def import_(data: Annotated[dict[str, Any], Body()]) -> Response:
         return await run(lambda: json_response({"result": service.import_(data)}))
 
-    @ui.get("/api/export", include_in_schema=False)
-    async def export(session: UiSession) -> Response:
+    @ui.get("/api/export", include_in_schema=False, dependencies=session_required)
+    async def export() -> Response:
         def work() -> Response:
             body = json.dumps(service.export(), ensure_ascii=False).encode("utf-8")
             return Response(body, media_type="application/json",
@@ -162,8 +164,8 @@ def build_apps(service: Service, settings: Settings, *, run: Run, handle_error: 
 
         return await run(work)
 
-    @ui.get("/api/backups/{name}", include_in_schema=False)
-    async def backup(name: str, session: UiSession) -> Response:
+    @ui.get("/api/backups/{name}", include_in_schema=False, dependencies=session_required)
+    async def backup(name: str) -> Response:
         path = inspector.backup_path(name)
         return FileResponse(path, media_type="application/vnd.sqlite3", filename=name)
 
@@ -227,6 +229,6 @@ def build_apps(service: Service, settings: Settings, *, run: Run, handle_error: 
         async def health() -> Response:
             return await run(lambda: json_response(inspector.health()), quick=True)
 
-    add_reads(ui, "/api", [Depends(session_of)])
+    add_reads(ui, "/api", session_required)
     add_reads(inspect, "", [])
     return ui, inspect

@@ -349,7 +349,7 @@ async function viewGraph(hash) {
   const container = el("div", { id: "cy", role: "img", "aria-label": "Graph of keys and memories; use the list beside it with the keyboard" });
   const list = el("ul", { id: "node-list" });
   show(heading("Graph"), el("p", { class: "muted" },
-    "Click a key to bring in its memories and their keys; click a memory for its keys. With the keyboard: Tab to the list, Enter expands, arrows move."),
+    "Click a key to bring in its memories and their keys; click a memory for its keys. With the keyboard: Tab to the list, Enter expands, arrows move, o opens the page."),
     startForm, el("div", { class: "graph-wrap" }, container, el("nav", { class: "nodes", "aria-label": "Graph nodes" }, list)));
   if (!kind || !ref) return;
   const colors = graphColors();
@@ -382,7 +382,9 @@ async function viewGraph(hash) {
         if (event.key === "ArrowDown" && at < buttons.length - 1) { buttons[at + 1].focus(); event.preventDefault(); }
         if (event.key === "ArrowUp" && at > 0) { buttons[at - 1].focus(); event.preventDefault(); }
         if (event.key === "o") location.hash = n.data("kind") === "key" ? "#/key/" + n.data("ref") : "#/memory/" + n.data("ref");
-      } }, (n.data("kind") === "key" ? "◆ " : "● ") + n.data("label")))));
+      } }, (n.data("kind") === "key" ? "◆ " : "● ") + n.data("label")),
+      el("a", { class: "meta open", tabindex: "-1", href: n.data("kind") === "key" ? "#/key/" + n.data("ref") : "#/memory/" + n.data("ref") },
+        "open"))));
   }
 
   async function expand(nodeId) {
@@ -413,10 +415,6 @@ async function viewGraph(hash) {
   }
 
   cy.on("tap", "node", (event) => expand(event.target.id()));
-  cy.on("dbltap", "node", (event) => {
-    const n = event.target;
-    location.hash = n.data("kind") === "key" ? "#/key/" + n.data("ref") : "#/memory/" + n.data("ref");
-  });
   try {
     const data = await api((kind === "key" ? "/graph/key/" : "/graph/memory/") + encodeURIComponent(ref));
     add(data);
