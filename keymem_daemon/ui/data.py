@@ -8,6 +8,7 @@ looking at a memory is not an agent using it. Writes are not here: the pages cal
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sqlite3
 from collections.abc import Sequence
@@ -102,7 +103,7 @@ class Inspector:
         graph = self.service.ready_graph()
         limit = max(1, min(MAX_RESULTS, limit))
         namespace = graph.resolve_namespace(filters.namespace) if filters.namespace else None
-        filters = SearchFilters(**{**filters.__dict__, "namespace": namespace}) if namespace else filters
+        filters = dataclasses.replace(filters, namespace=namespace)
         text = query.strip()
         if not text:
             return {"query": "", "results": self._newest(filters, limit), "mode": "newest"}
