@@ -8,7 +8,9 @@ Every request first passes ``_Guard``, a pure ASGI middleware that refuses, befo
 route runs or any body is read:
 
 - a ``Host`` other than ``127.0.0.1:<port>`` / ``localhost:<port>``, and any ``Origin``
-  header (403: DNS rebinding and browser pages);
+  header (403: DNS rebinding and browser pages) -- except that the inspector's ``/ui``
+  pages accept their own origin, and authorise by their session cookie, not the token
+  (``keymem_daemon/ui``); no other route ever reads the cookie;
 - a missing or wrong bearer token on anything but ``GET /health`` (401, compared in
   constant time);
 - a POST body that is not ``application/json`` (415) or is larger than

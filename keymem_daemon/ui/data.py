@@ -19,7 +19,7 @@ from typing import Any, Final
 from keymem_daemon.activity_log import preview
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
-from keymem_daemon.engine.graph import ACTIVE, get_memories, get_memory, memory_from_row
+from keymem_daemon.engine.graph import _MEMORY_COLUMNS, ACTIVE, get_memories, get_memory, memory_from_row
 from keymem_daemon.engine.model import Memory, render
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput, NotFound
@@ -40,11 +40,6 @@ GRAPH_KEYS_PER_MEMORY: Final = 8
 PLOT_POINTS: Final = 24
 STATUSES: Final = ("fresh", "aging", "stale")
 BACKUP_NAME: Final = re.compile(r"^keymem-[0-9TZ]+\.db$")
-_MEMORY_COLUMNS: Final = (
-    "m.rowid, m.id, m.content, m.namespace, m.depth, m.access_count, m.created_at, m.updated_at, "
-    "m.last_accessed, m.observed_at, m.last_confirmed_at, m.confirmation_count, m.decay_profile, "
-    "m.last_confirmation_evidence, m.last_confirmation_source, m.last_confirmation_id, m.expires_at, "
-    "m.supersedes, m.superseded_by, m.source")
 
 
 @dataclass(frozen=True, slots=True)

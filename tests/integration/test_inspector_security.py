@@ -4,6 +4,7 @@ cookie, the CSRF token, Origin and Host -- and that the cookie opens nothing but
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 import pytest
@@ -95,3 +96,23 @@ def test_the_page_calls_only_the_curation_tools(daemon: DaemonProcess) -> None:
                             headers={"X-CSRF-Token": csrf})
     assert response.status_code == 404
     assert daemon.export()["memories"] == []
+
+
+def test_the_health_page_lists_backups_and_exports_and_imports(daemon: DaemonProcess, wait_for: Any) -> None:
+    memory = daemon.remember("The deploy window is Tuesday 10:00.", ["deploy", "schedule"])
+    browser, csrf, _ = _login(daemon)
+    backups = wait_for(lambda: browser.get("/ui/api/health").json()["backups"], 60, message="the first backup")
+    download = browser.get(f"/ui/api/backups/{backups[0]['name']}")
+    assert download.status_code == 200 and download.content.startswith(b"SQLite format 3")
+    for bad in ("..%2Fkeymem.db", "keymem.db", "keymem-20990101T000000Z.db"):
+        assert browser.get(f"/ui/api/backups/{bad}").status_code in (404, 422), bad
+    exported = browser.get("/ui/api/export")
+    assert exported.status_code == 200 and "attachment" in exported.headers["content-disposition"]
+    data = exported.json()
+    assert [m["id"] for m in data["memories"]] == [memory]
+    daemon.call("forget", {"memory_id": memory})
+    refused = browser.post("/ui/api/import", json=data)
+    assert refused.status_code == 403 and not _alive(daemon, memory)
+    imported = browser.post("/ui/api/import", json=data, headers={"X-CSRF-Token": csrf})
+    assert imported.status_code == 200, imported.text
+    assert _alive(daemon, memory)
