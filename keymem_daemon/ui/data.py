@@ -27,7 +27,9 @@ from keymem_daemon.service import Service
 
 MAX_RESULTS: Final = 100
 FILTER_POOL: Final = 100
-"""Hybrid recall candidates a filtered search looks through (filters apply after ranking)."""
+FILTER_FACTOR: Final = 3
+"""A filtered search looks through 3x the results asked for (at most 100) from the hybrid
+recall, since filters apply after ranking: a wider pool costs every search more."""
 RESULT_CHARS: Final = 400
 """Content shown per search result; the memory page shows it all."""
 KEY_MEMBERS: Final = 50
@@ -104,7 +106,7 @@ class Inspector:
             return {"query": "", "results": self._newest(filters, limit), "mode": "newest"}
         result = retrieval.hybrid_recall(
             graph, text[:4000], scope=retrieval.scope_of(namespace), reinforce=False,
-            top_k=FILTER_POOL if filters.any else limit)
+            top_k=min(FILTER_POOL, FILTER_FACTOR * limit) if filters.any else limit)
         words = [w for w in re.split(r"\s+", text) if w]
         word_tokens = {w: set(graph.analyzer.index_tokens(w)) for w in words}
         out = []
@@ -281,26 +283,29 @@ class Inspector:
     # -- graph ------------------------------------------------------------------------
 
     def graph_of_key(self, key_id: str) -> dict[str, Any]:
-        """The key, its best members and their keys: one click's worth of neighbourhood."""
+        """The key, its strongest active members and their keys: one click's worth of
+        neighbourhood. By link weight, not read_key's ranking: that reads every member of
+        a hub, and a click must stay quick on a key with thousands."""
         graph = self.service.ready_graph()
-        ranked = graph.read_key(key_id, limit=GRAPH_MEMBERS)
-        member_ids = [h.memory_id for h in ranked.memories]
-        center = self._key_node(ranked.key.key_id)
-        assert center is not None  # read_key found it
-        nodes = {f"k:{ranked.key.key_id}": center}
+        kid = graph.check_key_id(key_id)
+        center = self._key_node(kid)
+        assert center is not None  # check_key_id found it
+        nodes = {f"k:{kid}": center}
         edges: dict[str, dict[str, Any]] = {}
+        now = graph.clock()
 
         def read(conn: sqlite3.Connection) -> None:
-            memories = get_memories(conn, member_ids)
-            for handle in ranked.memories:
-                m = memories.get(handle.memory_id)
-                if m is None:
-                    continue
+            rows = conn.execute(
+                f"SELECT {_MEMORY_COLUMNS} FROM links l JOIN memories m ON m.id = l.memory_id "
+                f"WHERE l.key_id = ? AND {ACTIVE} ORDER BY l.weight DESC, m.depth DESC LIMIT ?",
+                (kid, now, GRAPH_MEMBERS)).fetchall()
+            for row in rows:
+                m = memory_from_row(row)
                 nodes[f"m:{m.id}"] = self._memory_node(m)
                 self._link_memory(conn, m.id, nodes, edges)
 
         graph.store.read(read)
-        return {"center": f"k:{ranked.key.key_id}", "nodes": list(nodes.values()), "edges": list(edges.values())}
+        return {"center": f"k:{kid}", "nodes": list(nodes.values()), "edges": list(edges.values())}
 
     def graph_of_memory(self, memory_id: str) -> dict[str, Any]:
         graph = self.service.ready_graph()
