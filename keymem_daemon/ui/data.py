@@ -27,9 +27,10 @@ from keymem_daemon.service import Service
 
 MAX_RESULTS: Final = 100
 FILTER_POOL: Final = 100
-FILTER_FACTOR: Final = 3
-"""A filtered search looks through 3x the results asked for (at most 100) from the hybrid
-recall, since filters apply after ranking: a wider pool costs every search more."""
+FILTER_FACTOR: Final = 2
+"""A filtered search looks through 2x the results asked for (at most 100) from the hybrid
+recall, since filters other than the namespace apply after ranking; recall's cost grows with
+its pool (measured at 10k: 45 ms for 20, 96 ms for 60)."""
 RESULT_CHARS: Final = 400
 """Content shown per search result; the memory page shows it all."""
 KEY_MEMBERS: Final = 50
