@@ -194,6 +194,25 @@ def test_an_edit_a_new_key_and_a_forget_made_in_the_page_are_what_the_tools_see(
 
     page.goto(f"{daemon.url}/ui/#/memory/{billing}")
     page.wait_for_selector("#memory-content")
+    page.select_option("#evidence", "observation")
+    page.click("#confirm-btn")
+    page.wait_for_selector("#status:text('Confirmed')")
+    seen = daemon.client().get(f"/v1/inspect/memory/{billing}").json()
+    assert seen["confirmation_count"] == 2 and seen["last_confirmation_evidence"] == "observation"
+    port = next(k for k in seen["keys"] if k["concept"] == "port")
+    page.click(f"button.dismiss[data-key='{port['key_id']}']")
+    page.wait_for_selector("#status:text('Dismissed port')")
+    weights = {k["concept"]: k["link_weight"] for k in daemon.client().get(
+        f"/v1/inspect/memory/{billing}").json()["keys"]}
+    assert weights["port"] < port["link_weight"], weights
+    page.select_option("#decay", "stable")
+    page.fill("#ttl-days", "2")
+    page.click("#ttl-btn")
+    page.wait_for_function("old => !location.hash.endsWith(old)", arg=billing)
+    page.wait_for_selector("#memory-content")
+    billing = page.evaluate("location.hash.split('/')[2]")
+    timed = daemon.client().get(f"/v1/inspect/memory/{billing}").json()
+    assert timed["decay_profile"] == "stable" and timed["memory"]["expires_at"] is not None
     page.click("#forget")
     page.wait_for_selector("dialog[open]")
     page.click("#confirm-cancel")
