@@ -8,7 +8,9 @@ Every request first passes ``_Guard``, a pure ASGI middleware that refuses, befo
 route runs or any body is read:
 
 - a ``Host`` other than ``127.0.0.1:<port>`` / ``localhost:<port>``, and any ``Origin``
-  header (403: DNS rebinding and browser pages);
+  header (403: DNS rebinding and browser pages) -- except that the inspector's ``/ui``
+  pages accept their own origin, and authorise by their session cookie, not the token
+  (``keymem_daemon/ui``); no other route ever reads the cookie;
 - a missing or wrong bearer token on anything but ``GET /health`` (401, compared in
   constant time);
 - a POST body that is not ``application/json`` (415) or is larger than
@@ -58,6 +60,7 @@ from keymem_daemon.errors import (
     UnsupportedMediaType,
 )
 from keymem_daemon.service import InjectRequest, Service
+from keymem_daemon.ui.routes import INSPECT_PREFIX, UI_IMPORT_PATH, UI_PREFIX, build_apps
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +68,9 @@ PUBLIC_PATHS: Final = frozenset({"/health"})
 """The only paths served without the bearer token."""
 IMPORT_PATH: Final = "/v1/import"
 TOOLS_PATH: Final = "/v1/tools"
+IMPORT_PATHS: Final = frozenset({IMPORT_PATH, UI_IMPORT_PATH})
 IMPORT_MAX_BYTES: Final = 512 * 1024 * 1024
-"""``/v1/import`` carries whole exports, so it takes more than ``KEYMEM_MAX_BODY_BYTES``."""
+"""Imports carry whole exports, so they take more than ``KEYMEM_MAX_BODY_BYTES``."""
 BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
 MAX_IDEMPOTENCY_KEY: Final = 200
 STORE_THREADS: Final = 32
@@ -469,6 +473,8 @@ class _Guard:
             return ForbiddenOrigin(
                 "requests must address 127.0.0.1 or localhost on the daemon's port (foreign Host header refused)"
             )
+        if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
+            return self._browser_refusal(headers)
         if "origin" in headers:
             return ForbiddenOrigin("requests from web pages (with an Origin header) are refused")
         if path not in PUBLIC_PATHS:
@@ -479,8 +485,19 @@ class _Guard:
                 return Unauthorized("wrong bearer token")
         return None
 
+    @staticmethod
+    def _browser_refusal(headers: Headers) -> KeymemError | None:
+        """The inspector's pages: only this daemon's own origin; its routes check the session
+        cookie (and CSRF token) themselves -- no bearer token here, and no cookie elsewhere."""
+        origin = headers.get("origin")
+        if origin is not None and origin.lower() != f"http://{headers.get('host', '').lower()}":
+            return ForbiddenOrigin("requests to the inspector from another origin are refused")
+        if headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+            return ForbiddenOrigin("requests to the inspector from another site are refused")
+        return None
+
     def _limit(self, path: str) -> int:
-        return max(self._max_body, IMPORT_MAX_BYTES) if path == IMPORT_PATH else self._max_body
+        return max(self._max_body, IMPORT_MAX_BYTES) if path in IMPORT_PATHS else self._max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -801,6 +818,11 @@ def create_app(
             return json_response({"status": "shutting_down"})
 
         return await workers.run(work, quick=True)
+
+    ui_app, inspect_app = build_apps(service, settings, run=workers.run, handle_error=handle_error,
+                                     json_response=json_response)
+    app.mount(INSPECT_PREFIX, inspect_app)
+    app.mount(UI_PREFIX, ui_app)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

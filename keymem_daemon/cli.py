@@ -659,6 +659,10 @@ def _summarize(result: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+# The inspection commands (ui, search, show, forget, keys, activity) register themselves.
+from keymem_daemon import cli_inspect  # noqa: E402, F401
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``keymemd`` console script."""
     cli.main(args=argv, prog_name="keymemd", obj=CliState(environ=os.environ))

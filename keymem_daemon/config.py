@@ -78,6 +78,27 @@ def _choice(*options: str) -> Callable[[str, str], str]:
     return parse
 
 
+INJECT_LOG_DEFAULT: Final = (5000, 30.0)
+"""The activity log's bound: entries kept, and days (a week of heavy use, a month of light)."""
+
+
+def parse_activity_log(name: str, raw: str) -> tuple[int, float] | None:
+    """``on`` (the default bound), ``off`` (None), ``N`` entries, or ``N,D`` entries and days."""
+    text = raw.strip().lower()
+    if text in _FALSE:
+        return None
+    if text in _TRUE:
+        return INJECT_LOG_DEFAULT
+    entries, _, days = text.partition(",")
+    try:
+        bound = (int(entries), float(days) if days.strip() else INJECT_LOG_DEFAULT[1])
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} must be on, off, N (entries) or N,D (entries, days)") from None
+    if bound[0] < 1 or not math.isfinite(bound[1]) or bound[1] <= 0:
+        raise ConfigError(f"{name}={raw!r}: entries must be >= 1 and days > 0")
+    return bound
+
+
 def _text(name: str, raw: str) -> str:
     return raw.strip()
 
@@ -191,6 +212,10 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     Variable("KEYMEM_INJECT_SESSION_TTL", "inject_session_ttl", parse_duration, "12h",
              "How long after a host session's last prompt the daemon remembers what it surfaced "
              "there (not repeated in that session); 0 = no session memory."),
+    Variable("KEYMEM_INJECT_LOG", "activity_log", parse_activity_log, "5000,30",
+             "The activity log the inspector shows (writes, corrections, deletions, and what the "
+             "push path surfaced for each prompt, with a prompt preview): at most N entries and D "
+             "days (N,D; on = the default); off records nothing."),
     Variable("KEYMEM_RELATED_LIMIT", "related_limit", _number(int, 1, 1000), "20",
              "Most neighbours the related tool returns."),
     Variable("KEYMEM_AUTOSTART", "autostart", parse_bool, "true",
@@ -256,6 +281,7 @@ class Settings:
     inject_max_chars: int = 2000
     inject_min_rel: float = 0.5
     inject_session_ttl: float = 12 * 3600.0
+    activity_log: tuple[int, float] | None = INJECT_LOG_DEFAULT
     related_limit: int = 20
     autostart: bool = True
     start_timeout: float = 20.0

@@ -3,8 +3,9 @@
 ===========  ==============================================  ==============================
 job          what                                            when
 ===========  ==============================================  ==============================
-cleanup      TTL expiry and learned-alias pruning            at start, every
-             (``Service.cleanup``)                           ``KEYMEM_CLEANUP_INTERVAL``
+cleanup      TTL expiry, learned-alias pruning, activity     at start, every
+             entries older than ``KEYMEM_INJECT_LOG``'s      ``KEYMEM_CLEANUP_INTERVAL``
+             days (``Service.cleanup``)
 checkpoint   fold the WAL into the database file             every ``CHECKPOINT_INTERVAL``
 backup       online SQLite backup under ``<data>/backups``,  ``KEYMEM_BACKUP_INTERVAL`` after
              newest ``KEYMEM_BACKUP_KEEP`` kept              the newest backup (0: never)

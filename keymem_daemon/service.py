@@ -8,6 +8,7 @@ tests can call them directly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from keymem_daemon import instructions, tools, transcripts
+from keymem_daemon import activity_log, instructions, tools, transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import push, retrieval, transfer
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import Host, MemoryGraph, get_memory
 from keymem_daemon.engine.model import IdempotencyKey, render
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
 
@@ -64,6 +65,7 @@ class Service:
         self.embedder_note: str | None = None
         self.reranker: Any = None
         self.progress: Any = None
+        self.activity: activity_log.ActivityLog | None = None
         self._namespaces = _NamespaceMap()
         self._lock = threading.Lock()
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
@@ -98,6 +100,7 @@ class Service:
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
             retrieval.hybrid_recall(graph, "warm up", reinforce=False)
+            self.activity = activity_log.ActivityLog(graph.store, self.settings.activity_log, clock=self.clock)
             self.graph = graph
             self.detail = None
             self.state = "ready"
@@ -115,6 +118,9 @@ class Service:
         if self.reranker is not None:
             self.reranker.close()
         graph, self.graph = self.graph, None
+        log, self.activity = self.activity, None
+        if log is not None:
+            log.close()
         if graph is not None:
             graph.close()
 
@@ -156,13 +162,27 @@ class Service:
         return tools.definitions(self.settings, host)
 
     def call_tool(self, name: str, arguments: Mapping[str, Any] | None, host: Host,
-                  idempotency_key: str | None = None) -> tools.Outcome:
+                  idempotency_key: str | None = None, *, actor: str | None = None) -> tools.Outcome:
+        """``actor`` names the caller in the activity log (default: the host agent)."""
         if name not in tools.TOOLS_BY_NAME:
             raise NotFound(f"Unknown tool: {name}")
         idempotency = IdempotencyKey.of_call(idempotency_key, name, arguments) \
             if idempotency_key and name in tools.WRITE_TOOLS else None
-        ctx = tools.Context(self.ready_graph(), self.settings, host, idempotency)
-        return tools.call_tool(ctx, name, arguments)
+        graph = self.ready_graph()
+        ctx = tools.Context(graph, self.settings, host, idempotency)
+        logged = self.activity is not None and self.activity.enabled and name in activity_log.LOGGED_TOOLS
+        args = arguments if isinstance(arguments, Mapping) else {}
+        forgotten = None
+        if logged and name == "forget" and isinstance(args.get("memory_id"), str):
+            memory = graph.store.read(lambda conn: get_memory(conn, args["memory_id"]))
+            forgotten = memory.content if memory is not None else None
+        outcome = tools.call_tool(ctx, name, arguments)
+        if logged and not outcome.is_error and self.activity is not None:
+            entry = activity_log.describe_tool_call(name, args, outcome.result, forgotten=forgotten,
+                                                    actor=actor or host.agent or "agent")
+            if entry is not None:
+                self.activity.record(name, entry[0], entry[1], memory_id=entry[2])
+        return outcome
 
     def stats_line(self) -> str:
         if self.graph is None:
@@ -221,6 +241,9 @@ class Service:
                              max_chars=max(256, min(20000, max_chars)), project=project, session=session)
         if request.session_id and result.skipped is None:
             self.sessions.record(request.session_id, [m.id for m in result.memories])
+        if self.activity is not None and self.activity.enabled:
+            summary, detail = activity_log.describe_injection(dataclasses.asdict(request), render(result))
+            self.activity.record("inject", summary, detail)
         return result
 
     # -- operations -----------------------------------------------------------------------
@@ -251,7 +274,11 @@ class Service:
     def import_(self, data: Any, *, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
-        return transfer.import_data(self.ready_graph(), data, progress=progress)
+        result = transfer.import_data(self.ready_graph(), data, progress=progress)
+        if self.activity is not None:
+            self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:200]}",
+                                 {"result": result})
+        return result
 
     def import_events(self, data: Any) -> Iterator[str]:
         """Run an import in a worker thread, yielding NDJSON lines as it goes: progress
@@ -280,6 +307,8 @@ class Service:
 
     def cleanup(self) -> dict[str, Any]:
         result: dict[str, Any] = render(self.ready_graph().cleanup_expired())
+        if self.activity is not None:
+            result["pruned_activity"] = self.activity.prune()
         return result
 
     def checkpoint(self) -> None:

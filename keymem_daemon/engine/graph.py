@@ -1405,6 +1405,17 @@ class MemoryGraph:
                                   auto=True if row[2] else None))
         return ReadMemoryResult(memory=self.memory_view(conn, memory), keys=keys, via_key_id=via)
 
+    def inspect_memory(self, memory_id: str) -> ReadMemoryResult:
+        """``read_memory``'s view without its effects (no access counted, no edge reinforced),
+        for a person inspecting the store; superseded and expired memories show too."""
+
+        def read(conn: sqlite3.Connection) -> ReadMemoryResult:
+            if get_memory(conn, memory_id) is None:
+                raise NotFound(f"Memory {memory_id} not found")
+            return self._read_memory_view(conn, memory_id, None)
+
+        return self.store.read(read)
+
     def memory_view(self, conn: sqlite3.Connection, memory: Memory) -> MemoryView:
         return MemoryView(
             id=memory.id, content=memory.content, depth=round(memory.depth, 3), access_count=memory.access_count,

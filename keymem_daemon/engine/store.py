@@ -158,10 +158,30 @@ def _migrate_idempotency_fingerprint(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE idempotency ADD COLUMN fingerprint TEXT")
 
 
+_SCHEMA_ACTIVITY: Final = """
+CREATE TABLE activity (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    memory_id TEXT,
+    summary TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX activity_by_at ON activity(at);
+CREATE INDEX activity_by_memory ON activity(memory_id) WHERE memory_id IS NOT NULL
+"""
+
+
+def _migrate_activity(conn: sqlite3.Connection) -> None:
+    """The inspector's activity log: writes and what the push path surfaced (bounded)."""
+    _execute_script(conn, _SCHEMA_ACTIVITY)
+
+
 # Ordered: MIGRATIONS[i] takes a database from user_version i to i + 1.
 MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (
     _migrate_v1,
     _migrate_idempotency_fingerprint,
+    _migrate_activity,
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

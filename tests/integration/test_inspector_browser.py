@@ -1,0 +1,379 @@
+"""The web inspector in a real headless Chromium (Debian's ``chromium``, driven by Playwright),
+against a real daemon: login through the one-time link, search, curation through the page
+seen through the tool API, the graph walk, the activity feed fed by the real prompt hook,
+inert HTML, and no console error on any page. The same run takes the README's screenshots
+(``INSPECTOR_SCREENSHOTS=docs`` writes them there; otherwise under ``tmp_path``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+from daemon_helpers import DaemonProcess
+from test_hook_push import claude_payload, run_hook
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+CHROMIUM: Final = Path("/usr/bin/chromium")
+CHROMIUM_ARGS: Final = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+UI_TIMEOUT_MS: Final = 30_000
+"""Each page wait: a recall and a render take milliseconds, a loaded 2-core machine far more."""
+WIDE: Final = {"width": 1280, "height": 800}
+NARROW: Final = {"width": 420, "height": 820}
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium package (/usr/bin/chromium)"),
+]
+
+NEWTON: Final = ("Isaac Newton watched an apple fall in his garden and thought about gravity.",
+                 ["Newton", "apple", "gravity"])
+APPLE: Final = ("An apple is a crisp fruit that grows on trees in an orchard.", ["apple", "fruit"])
+STRAWBERRY: Final = ("A strawberry is a small red fruit, sweetest in early summer.", ["fruit", "strawberry"])
+BILLING: Final = ("The billing staging database listens on port 5433 behind the VPN.",
+                  ["billing", "staging database", "port"])
+HOSTILE: Final = ('<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script> '
+                  "<b>markup</b> notes are stored as plain text", ["markup", "html"])
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    chosen = os.environ.get("INSPECTOR_SCREENSHOTS")
+    target = (ROOT / chosen) if chosen else tmp_path / "screenshots"
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+@dataclass
+class Browser:
+    """Fresh Chromium profiles, each with the console errors its pages logged."""
+
+    playwright: Any
+    tmp_path: Path
+    contexts: list[Any] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def page(self, *, viewport: dict[str, int] = WIDE, color_scheme: str = "light") -> Any:
+        profile = self.tmp_path / f"profile-{len(self.contexts)}"
+        context = self.playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            viewport=viewport, color_scheme=color_scheme)
+        self.contexts.append(context)
+        page = context.pages[0] if context.pages else context.new_page()
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        page.on("console", lambda m: self.errors.append(f"{m.type}: {m.text}") if m.type in ("error", "warning")
+                else None)
+        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        return page
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture
+def browser(playwright: Any, tmp_path: Path) -> Iterator[Browser]:
+    b = Browser(playwright, tmp_path)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def login_url(daemon: DaemonProcess) -> str:
+    response = daemon.client().post("/v1/inspect/login-link")
+    assert response.status_code == 200, response.text
+    return str(response.json()["url"])
+
+
+def logged_in(daemon: DaemonProcess, browser: Browser, **options: Any) -> Any:
+    page = browser.page(**options)
+    page.goto(login_url(daemon))
+    page.wait_for_selector("nav a[aria-current=page]")
+    return page
+
+
+def seed(daemon: DaemonProcess, *memories: tuple[str, list[str]]) -> list[str]:
+    return [daemon.remember(content, keys) for content, keys in memories]
+
+
+def key_id(daemon: DaemonProcess, concept: str) -> str:
+    response = daemon.client().get("/v1/inspect/key-by-name", params={"concept": concept})
+    assert response.status_code == 200, response.text
+    return str(response.json()["key_id"])
+
+
+# -- login ---------------------------------------------------------------------------------
+
+
+def test_the_login_link_opens_the_inspector_once_and_nothing_opens_without_it(
+        daemon: DaemonProcess, browser: Browser) -> None:
+    url = login_url(daemon)
+    page = browser.page()
+    page.goto(url)
+    page.wait_for_selector("nav a[aria-current=page]")
+    assert page.url.endswith("/ui/#/search") or page.url.endswith("/ui/"), page.url
+    cookie = next(c for c in page.context.cookies() if c["name"].startswith("keymem_ui"))
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui", cookie
+    assert page.evaluate("document.cookie") == "", "the session cookie must be invisible to scripts"
+
+    reused = browser.page()
+    response = reused.goto(url)
+    assert response is not None and response.status == 401
+    assert "not valid" in reused.inner_text("main")
+
+    anonymous = browser.page()
+    response = anonymous.goto(daemon.url + "/ui/")
+    assert response is not None and response.status == 401
+    assert "keymemd ui" in anonymous.inner_text("main")
+    api = anonymous.request.get(daemon.url + "/ui/api/search?q=x")
+    assert api.status == 401 and api.json()["error"]["code"] == "unauthorized"
+    assert browser.errors == [] or all("401" in e for e in browser.errors), browser.errors
+
+
+# -- search, curation ----------------------------------------------------------------------
+
+
+def test_search_finds_a_memory_and_shows_its_keys_and_why_it_matched(
+        daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
+    seed(daemon, NEWTON, APPLE, STRAWBERRY, BILLING)
+    page = logged_in(daemon, browser)
+    page.fill("#q", "staging database port")
+    page.click("button[type=submit]")
+    card = page.locator("article.result").first
+    card.wait_for()
+    assert "5433" in card.inner_text()
+    chips = card.locator(".keys .chip").all_inner_texts()
+    assert {"billing", "staging database", "port"} <= set(chips), chips
+    assert "matched via" in card.locator(".why").inner_text()
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "inspector-search.png"))
+
+    page.fill("#q", "")
+    page.select_option("#f-status", "stale")
+    page.click("button[type=submit]")
+    page.wait_for_selector("text=Nothing found.")
+    assert browser.errors == [], browser.errors
+
+
+def test_an_edit_a_new_key_and_a_forget_made_in_the_page_are_what_the_tools_see(
+        daemon: DaemonProcess, browser: Browser) -> None:
+    apple, billing = seed(daemon, APPLE, BILLING)
+    page = logged_in(daemon, browser)
+
+    page.goto(f"{daemon.url}/ui/#/memory/{apple}")
+    page.wait_for_selector("#memory-content")
+    page.fill("#edit-content", "An apple is a crisp fruit; Gala apples ripen in September.")
+    page.click("#save")
+    page.wait_for_function("old => !location.hash.endsWith(old) && location.hash.startsWith('#/memory/')", arg=apple)
+    page.wait_for_selector("#memory-content")
+    corrected = page.evaluate("location.hash.split('/')[2]")
+    read = daemon.call("read_memory", {"memory_id": corrected})["result"]
+    assert read["memory"]["content"] == "An apple is a crisp fruit; Gala apples ripen in September."
+    assert read["memory"]["supersedes"] == apple
+    assert "superseded" in daemon.call("read_memory", {"memory_id": apple})["result"]["error"]
+
+    page.fill("#add-key", "orchard")
+    page.click("#add-key-btn")
+    page.wait_for_function("old => !location.hash.endsWith(old)", arg=corrected)
+    page.wait_for_selector("table a:text('orchard')")
+    newest = page.evaluate("location.hash.split('/')[2]")
+    concepts = {k["concept"] for k in daemon.call("read_memory", {"memory_id": newest})["result"]["keys"]}
+    assert {"apple", "fruit", "orchard"} <= concepts, concepts
+
+    page.goto(f"{daemon.url}/ui/#/memory/{billing}")
+    page.wait_for_selector("#memory-content")
+    page.select_option("#evidence", "observation")
+    page.click("#confirm-btn")
+    page.wait_for_selector("#status:text('Confirmed')")
+    seen = daemon.client().get(f"/v1/inspect/memory/{billing}").json()
+    assert seen["confirmation_count"] == 2 and seen["last_confirmation_evidence"] == "observation"
+    port = next(k for k in seen["keys"] if k["concept"] == "port")
+    page.click(f"button.dismiss[data-key='{port['key_id']}']")
+    page.wait_for_selector("#status:text('Dismissed port')")
+    weights = {k["concept"]: k["link_weight"] for k in daemon.client().get(
+        f"/v1/inspect/memory/{billing}").json()["keys"]}
+    assert weights["port"] < port["link_weight"], weights
+    page.select_option("#decay", "stable")
+    page.fill("#ttl-days", "2")
+    page.click("#ttl-btn")
+    page.wait_for_function("old => !location.hash.endsWith(old)", arg=billing)
+    page.wait_for_selector("#memory-content")
+    billing = page.evaluate("location.hash.split('/')[2]")
+    timed = daemon.client().get(f"/v1/inspect/memory/{billing}").json()
+    assert timed["decay_profile"] == "stable" and timed["memory"]["expires_at"] is not None
+    page.click("#forget")
+    page.wait_for_selector("dialog[open]")
+    page.click("#confirm-cancel")
+    assert "error" not in daemon.call("read_memory", {"memory_id": billing})["result"], "cancel must not forget"
+    page.click("#forget")
+    page.click("#confirm-ok")
+    page.wait_for_function("() => location.hash === '#/search'")
+    assert "not found" in daemon.call("read_memory", {"memory_id": billing})["result"]["error"]
+
+    feed = daemon.client().get("/v1/inspect/activity", params={"kind": "forget"}).json()["entries"]
+    assert feed and feed[0]["memory_id"] == billing and feed[0]["detail"]["actor"] == "inspector"
+    assert browser.errors == [], browser.errors
+
+
+# -- graph ---------------------------------------------------------------------------------
+
+
+def _node_point(page: Any, label: str) -> tuple[float, float]:
+    page.wait_for_function(
+        "label => window.keymemGraph && window.keymemGraph.nodes().some(n => n.data('label') === label)", arg=label)
+    x, y = page.evaluate(
+        """label => {
+            const node = window.keymemGraph.nodes().filter(n => n.data('label') === label)[0];
+            const p = node.renderedPosition();
+            const box = document.getElementById('cy').getBoundingClientRect();
+            return [box.left + p.x, box.top + p.y];
+        }""", label)
+    return float(x), float(y)
+
+
+def _has_node(page: Any, label: str) -> bool:
+    return bool(page.evaluate(
+        "label => window.keymemGraph.nodes().some(n => n.data('label') === label)", label))
+
+
+def test_the_graph_walks_from_newton_to_strawberry_by_clicks_and_by_keyboard(
+        daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
+    newton, _, _ = seed(daemon, NEWTON, APPLE, STRAWBERRY)
+    page = logged_in(daemon, browser)
+    page.goto(f"{daemon.url}/ui/#/graph")
+    page.fill("#graph-start", "Newton")
+    page.click("text=Start here")
+    _node_point(page, "apple")
+    assert not _has_node(page, "strawberry") and not _has_node(page, "fruit")
+    for step, arrives in (("apple", "fruit"), ("fruit", "strawberry")):
+        page.mouse.click(*_node_point(page, step))
+        page.wait_for_selector(f"#node-list button:text-is('◆ {arrives}')")
+    assert _has_node(page, "strawberry")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "inspector-graph.png"))
+
+    # The same walk with the keyboard, from Newton's memory: the node list, arrows and Enter.
+    page.goto(f"{daemon.url}/ui/#/graph/memory/{newton}")
+    page.wait_for_selector("#node-list button")
+    page.wait_for_function("() => !window.keymemGraph.nodes().some(n => n.data('label') === 'strawberry')")
+    page.focus("#node-list button")
+    for step, arrives in (("apple", "fruit"), ("fruit", "strawberry")):
+        for _ in range(20):
+            if page.evaluate("document.activeElement.textContent") == f"◆ {step}":
+                break
+            page.keyboard.press("ArrowDown")
+        assert page.evaluate("document.activeElement.textContent") == f"◆ {step}"
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f"#node-list button:text-is('◆ {arrives}')")
+        page.focus("#node-list button")
+    assert _has_node(page, "strawberry")
+    assert browser.errors == [], browser.errors
+
+
+# -- activity ------------------------------------------------------------------------------
+
+
+def test_a_prompt_sent_through_the_real_hook_appears_in_the_live_feed_with_what_was_surfaced(
+        daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
+    (billing,) = seed(daemon, BILLING)
+    page = logged_in(daemon, browser)
+    page.goto(f"{daemon.url}/ui/#/activity")
+    page.wait_for_selector(".entry[data-kind=remember]")
+    env = {**daemon.env, "KEYMEM_HOOK_TIMEOUT_MS": "20000"}
+    run = run_hook(env, claude_payload("Which port does the billing staging database listen on?", tmp_path),
+                   "user-prompt-submit")
+    assert run.returncode == 0 and billing in run.stdout, (run.stdout, run.stderr, daemon.log())
+    entry = page.locator(".entry[data-kind=inject]").first
+    entry.wait_for()  # the page polls: no reload
+    assert "Which port does the billing staging database" in entry.inner_text()
+    assert entry.locator(f".surfaced a[href='#/memory/{billing}']").count() == 1
+    assert "relevance" in entry.locator(".surfaced").inner_text()
+
+    silent = run_hook(env, claude_payload("Please write a limerick about pelicans on holiday.", tmp_path),
+                      "user-prompt-submit")
+    assert silent.returncode == 0 and silent.stdout.strip() == "", silent.stdout
+    quiet = page.locator(".entry[data-kind=inject]", has_text="pelicans").first
+    quiet.wait_for()
+    assert "silent" in quiet.inner_text()
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "inspector-activity.png"))
+    assert browser.errors == [], browser.errors
+
+
+# -- safety and every page -----------------------------------------------------------------
+
+
+def test_a_memory_holding_html_and_script_renders_as_inert_text(daemon: DaemonProcess, browser: Browser) -> None:
+    (hostile,) = seed(daemon, HOSTILE)
+    page = logged_in(daemon, browser)
+    for where in (f"#/search?q={'markup notes'}", f"#/memory/{hostile}", "#/activity"):
+        page.goto(f"{daemon.url}/ui/{where}")
+        page.wait_for_selector("text=<script>window.__pwned=2</script>")
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("main img, main script, main b").count() == 0
+    assert browser.errors == [], browser.errors
+
+
+def test_every_view_renders_without_console_errors_wide_light_and_narrow_dark(
+        daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
+    ids = seed(daemon, NEWTON, APPLE, STRAWBERRY, BILLING)
+    daemon.call("confirm_memory", {"memory_id": ids[1], "evidence": "user"})
+    shots = screenshot_dir(tmp_path)
+    apple = key_id(daemon, "apple")
+    views = {
+        "memory": (f"#/memory/{ids[0]}", "#memory-content"),
+        "key": (f"#/key/{apple}", "text=Members, ranked as read_key ranks them"),
+        "health": ("#/health", "text=Backups"),
+    }
+    page = logged_in(daemon, browser)
+    for name, (where, ready) in views.items():
+        page.goto(f"{daemon.url}/ui/{where}")
+        page.wait_for_selector(ready)
+        page.screenshot(path=str(shots / f"inspector-{name}.png"), full_page=name != "health")
+    narrow = logged_in(daemon, browser, viewport=NARROW, color_scheme="dark")
+    for where, ready in [("#/search?q=apple", "article.result"), *views.values(),
+                         (f"#/graph/key/{apple}", "#node-list button"), ("#/activity", ".entry")]:
+        narrow.goto(f"{daemon.url}/ui/{where}")
+        narrow.wait_for_selector(ready)
+        width = narrow.evaluate("document.documentElement.scrollWidth")
+        assert width <= NARROW["width"], f"{where} scrolls sideways in a narrow window ({width} px)"
+        if where.startswith("#/search"):
+            narrow.screenshot(path=str(shots / "inspector-search-dark-narrow.png"))
+    background = narrow.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background != "rgb(251, 251, 250)", "the dark scheme must change the colours"
+    assert browser.errors == [], browser.errors
+
+
+def _tab_until(page: Any, predicate: Callable[[], bool], *, key: str = "Tab", presses: int = 60) -> bool:
+    for _ in range(presses):
+        if predicate():
+            return True
+        page.keyboard.press(key)
+    return predicate()
+
+
+def test_the_views_are_reachable_and_usable_from_the_keyboard(daemon: DaemonProcess, browser: Browser) -> None:
+    seed(daemon, APPLE)
+    page = logged_in(daemon, browser)
+    assert _tab_until(page, lambda: page.evaluate("document.activeElement.id") == "q")
+    page.keyboard.type("apple")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("article.result")
+    assert _tab_until(page, lambda: page.evaluate("document.activeElement.classList.contains('memory-link')"))
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#memory-content")
+    assert _tab_until(page, lambda: page.evaluate("document.activeElement.textContent") == "Activity",
+                      key="Shift+Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".entry")
+    assert browser.errors == [], browser.errors
