@@ -82,6 +82,8 @@ MAX_NONCE_CHARS: Final = 128
 """The longest nonce ``/health`` signs (clients send 32 hex digits)."""
 PRIVATE_DIR_MODE: Final = 0o700
 PRIVATE_FILE_MODE: Final = 0o600
+COMMAND_SHOWN: Final = 160
+"""Characters of a lock holder's command line a message quotes."""
 WRITE_PROBE_BYTES: Final = 64 * 1024
 """What a start writes (and removes) to learn that the data dir takes writes: a file system
 with less room than this cannot hold the store's next transaction either."""
@@ -351,14 +353,15 @@ def owns_data_dir(pid: int, data_dir: Path) -> bool:
 
 
 def describe_holder(path: Path) -> str:
-    """Who holds the lock ``path``: " (held by pid 123, user ann: python -m ...)", or ""."""
+    """Who holds the lock ``path``, as " (held by pid 123, user ann: python -m ...)"; "" if
+    nobody does or it cannot be told."""
     holders = lock_holders(path)
     if not holders:
         return ""
     pid = holders[0]
     try:
         uid = Path(f"/proc/{pid}").stat().st_uid
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
     except OSError:
         return f" (held by pid {pid})"
     import pwd
@@ -367,7 +370,8 @@ def describe_holder(path: Path) -> str:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
-    return f" (held by pid {pid}, user {user}: {command.strip()[:200]})"
+    command = " ".join(argv.replace("\0", " ").split())
+    return f" (held by pid {pid}, user {user}: {command[:COMMAND_SHOWN]})"
 
 
 def wait_for_exit(pid: int, timeout: float) -> bool:
@@ -756,7 +760,7 @@ def start_daemon(
                 raise exited_while_starting(process, data_dir)
             if time.monotonic() >= deadline:
                 lock = data_dir / LOCK_FILE
-                state = "still starting" if process is not None else f"{lock} is held{describe_holder(lock)}"
+                state = "still starting" if process is not None else f"{lock} is taken{describe_holder(lock)}"
                 raise DaemonNotRunning(f"keymemd was not ready within {wait:g} s ({state}; see keymemd logs)")
             time.sleep(POLL_INTERVAL)
 
