@@ -12,9 +12,11 @@ import json
 import os
 import resource
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -32,6 +34,7 @@ from daemon_helpers import (
 from test_hook_push import claude_payload, run_hook
 
 from keymem_daemon import runtime
+from keymem_daemon.connections import HEAD_TIMEOUT
 
 FLOOD: Final = 1100
 """Connections the flood holds open: more than the daemon's 1,024 descriptors."""
@@ -103,6 +106,14 @@ def test_issue19_tool_calls_and_the_hook_answer_while_1100_connections_sit_idle(
     new_lines = log.read_text(errors="replace").splitlines()[lines_before:]
     assert sum("Too many open files" in line for line in new_lines) <= 1, new_lines[-20:]
     assert len(new_lines) < 50, new_lines[-20:]
+
+
+def test_issue19_a_request_head_never_finished_is_closed_after_the_head_timeout(daemon: DaemonProcess) -> None:
+    with socket.create_connection(("127.0.0.1", daemon.info.port), timeout=HEAD_TIMEOUT * 3) as sock:
+        sock.sendall(b"GET /v1/tools HTTP/1.1\r\nHost: 127.0.0.1")
+        started = time.monotonic()
+        assert sock.recv(65536) == b"", "the daemon answered a request it never got"
+        assert time.monotonic() - started < HEAD_TIMEOUT * 2
 
 
 # -- item 14: the data dir's mode, and who holds the lock -----------------------------------
