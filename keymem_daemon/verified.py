@@ -42,43 +42,39 @@ class NotTheDaemon(httpcore.ConnectError):
     """Whatever answers on the port did not prove it is the daemon ``daemon.json`` names."""
 
 
-def _request(port: int, nonce: str) -> bytes:
-    return (
-        f"GET /health?nonce={nonce} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        "Accept: application/json\r\nConnection: keep-alive\r\n\r\n"
-    ).encode("ascii")
+class _Check:
+    """One check of one connection: the request to send, then the answer as it arrives."""
 
-
-class _Answer:
-    """Collects one HTTP response to the check, then judges it."""
-
-    def __init__(self) -> None:
+    def __init__(self, info: runtime.DaemonInfo) -> None:
+        self.info = info
+        self.nonce = runtime.new_nonce()
+        self.request = (
+            f"GET /health?nonce={self.nonce} HTTP/1.1\r\nHost: 127.0.0.1:{info.port}\r\n"
+            "Accept: application/json\r\nConnection: keep-alive\r\n\r\n"
+        ).encode("ascii")
         self.data = b""
 
     def feed(self, chunk: bytes) -> bool:
-        """Add ``chunk``; True once the whole response is in."""
+        """Add ``chunk``; True once the whole answer is in and proves the daemon (else raises)."""
         if not chunk:
             raise NotTheDaemon("the connection closed before it answered /health")
         self.data += chunk
         if len(self.data) > MAX_HEALTH_BYTES:
             raise NotTheDaemon("it answered /health with more than keymem ever sends")
         head, sep, body = self.data.partition(b"\r\n\r\n")
-        if not sep:
+        if not sep or len(body) < _content_length(head):
             return False
-        return len(body) >= _content_length(head)
-
-    def check(self, info: runtime.DaemonInfo, nonce: str) -> None:
-        head, _, body = self.data.partition(b"\r\n\r\n")
         status = head.split(b"\r\n", 1)[0].split(b" ")
         try:
             parsed = json.loads(body[: _content_length(head)])
         except ValueError:
             parsed = None
-        if len(status) < 2 or status[1] != b"200" or not runtime.proof_matches(info, nonce, parsed):
+        if len(status) < 2 or status[1] != b"200" or not runtime.proof_matches(self.info, self.nonce, parsed):
             raise NotTheDaemon(
-                f"whatever listens on 127.0.0.1:{info.port} is not the keymemd of daemon.json "
-                f"(pid {info.pid}): its /health does not prove it holds the token"
+                f"whatever listens on 127.0.0.1:{self.info.port} is not the keymemd of daemon.json "
+                f"(pid {self.info.pid}): its /health does not prove it holds the token"
             )
+        return True
 
 
 def _content_length(head: bytes) -> int:
@@ -111,14 +107,11 @@ class _SyncBackend(httpcore.NetworkBackend):
     ) -> httpcore.NetworkStream:
         info = _expected_on(self._expected, port)
         stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        check, wait = _Check(info), timeout or HANDSHAKE_TIMEOUT
         try:
-            nonce = runtime.new_nonce()
-            wait = timeout or HANDSHAKE_TIMEOUT
-            stream.write(_request(port, nonce), wait)
-            answer = _Answer()
-            while not answer.feed(stream.read(READ_CHUNK, wait)):
+            stream.write(check.request, wait)
+            while not check.feed(stream.read(READ_CHUNK, wait)):
                 pass
-            answer.check(info, nonce)
         except BaseException:
             stream.close()
             raise
@@ -140,14 +133,11 @@ class _AsyncBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         info = _expected_on(self._expected, port)
         stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        check, wait = _Check(info), timeout or HANDSHAKE_TIMEOUT
         try:
-            nonce = runtime.new_nonce()
-            wait = timeout or HANDSHAKE_TIMEOUT
-            await stream.write(_request(port, nonce), wait)
-            answer = _Answer()
-            while not answer.feed(await stream.read(READ_CHUNK, wait)):
+            await stream.write(check.request, wait)
+            while not check.feed(await stream.read(READ_CHUNK, wait)):
                 pass
-            answer.check(info, nonce)
         except BaseException:
             await stream.aclose()
             raise

@@ -217,47 +217,41 @@ def mixed_load(daemon: Daemon, clients: int, seconds: float) -> dict[str, Any]:
     peak = [rss_mb(pid)]
     stop = threading.Event()
     errors: list[str] = []
-    counts = [0] * clients
 
     def sample() -> None:
         while not stop.wait(RSS_SAMPLE_S):
             peak[0] = max(peak[0], rss_mb(pid))
 
-    def worker(index: int) -> None:
+    def mixed_worker(index: int) -> Callable[[], Any]:
+        local = daemon.client()
         r = random.Random(1000 + index)
         queries = [f"what does {p} think about {t}?" for p in PEOPLE for t, _ in TOPICS]
-        seq = 20_000_000 * (index + 1)
-        with daemon.client() as local:
-            while not stop.is_set():
-                step = counts[index] % 3
-                try:
-                    if step == 0:
-                        seq += 1
-                        call(local, "remember", memory(r, seq))
-                    elif step == 1:
-                        call(local, "recall", {"query": r.choice(queries)})
-                    else:
-                        response = local.post("/v1/inject", json={"prompt": r.choice(queries) + " I need it now."})
-                        response.raise_for_status()
-                except (httpx.HTTPError, RuntimeError) as exc:
-                    errors.append(f"{type(exc).__name__}: {exc}")
-                counts[index] += 1
+        step = [20_000_000 * (index + 1)]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+        def fn() -> None:
+            step[0] += 1
+            try:
+                if step[0] % 3 == 0:
+                    call(local, "remember", memory(r, step[0]))
+                elif step[0] % 3 == 1:
+                    call(local, "recall", {"query": r.choice(queries)})
+                else:
+                    local.post("/v1/inject", json={"prompt": r.choice(queries) + " I need it now."}).raise_for_status()
+            except (httpx.HTTPError, RuntimeError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+        return fn
+
     sampler = threading.Thread(target=sample)
-    started = time.perf_counter()
     sampler.start()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    sampler.join()
-    elapsed = time.perf_counter() - started
+    try:
+        rps = throughput(mixed_worker, clients, seconds)
+    finally:
+        stop.set()
+        sampler.join()
     return {
         "clients": clients,
-        "requests_per_s": round(sum(counts) / elapsed, 1),
+        "requests_per_s": round(rps, 1),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "rss_peak_mb": round(peak[0], 1),
