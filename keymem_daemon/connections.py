@@ -1,5 +1,5 @@
-"""What the daemon's connections may cost it: a deadline for each request head, a cap on
-connections that have not sent one, and enough file descriptors for both.
+"""What the daemon's connections may cost it: a deadline for each request head, and never
+more connections than its file descriptors allow.
 
 uvicorn's h11 protocol never closes a connection that has not finished its request line:
 its keep-alive timer starts only after a response. One local program opening a thousand
@@ -10,12 +10,12 @@ adds:
 - a deadline (``HEAD_TIMEOUT``) from the moment a connection waits for a request -- when
   it is opened, and again after each response on a kept-alive connection -- until the
   request head is complete; past it the connection is closed;
-- a cap on connections waiting so (``MAX_WAITING``): a new one closes the longest-waiting
-  one. A client sends its head within microseconds of connecting, so only a flood is ever
-  closed this way, and a real request still gets in during one;
-- a cap on all connections (from the descriptor limit, ``max_connections``): beyond it a
-  new connection is closed at once, so the store, the log and the models always find a
-  descriptor.
+- a cap on all connections, from the descriptor limit in force (``max_connections``):
+  beyond it a new connection closes the one that has waited longest for a request head
+  (an idle flood's, or a kept-alive idle one, whose client simply reconnects), or itself
+  when none waits -- so the store, the log and the models always find a descriptor, and a
+  real request still gets in during a flood. A burst of real clients far below the limit
+  is never touched (2,000 at once in ``test_daemon_concurrency``).
 
 ``raise_descriptor_limit`` lifts the soft ``RLIMIT_NOFILE`` towards the hard limit first.
 """
@@ -30,13 +30,16 @@ from typing import ClassVar, Final
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None  # type: ignore[assignment]
+
 logger = logging.getLogger(__name__)
 
 HEAD_TIMEOUT: Final = 10.0
 """Seconds a connection may take to send a whole request head (a local client needs
 microseconds; a hook on a loaded machine, milliseconds)."""
-MAX_WAITING: Final = 128
-"""Connections that may wait for a request head at once; more means a flood."""
 DESCRIPTOR_RESERVE: Final = 256
 """Descriptors kept from connections: SQLite (a connection per worker thread, WAL and
 shm files), the log, backups, models, the warm shim's socket and its pipes."""
@@ -48,16 +51,20 @@ WANTED_DESCRIPTORS: Final = 8192
 def raise_descriptor_limit() -> int:
     """Lift the soft ``RLIMIT_NOFILE`` to ``WANTED_DESCRIPTORS`` (at most the hard limit);
     returns the limit in force."""
-    try:
-        import resource
-    except ImportError:  # not POSIX
+    if resource is not None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = WANTED_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(WANTED_DESCRIPTORS, hard)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return descriptor_limit()
+
+
+def descriptor_limit() -> int:
+    """The soft ``RLIMIT_NOFILE`` in force now (it may be changed from outside: prlimit)."""
+    if resource is None:  # not POSIX
         return WANTED_DESCRIPTORS
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = WANTED_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(WANTED_DESCRIPTORS, hard)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return WANTED_DESCRIPTORS if soft == resource.RLIM_INFINITY else int(soft)
 
 
@@ -69,8 +76,6 @@ def max_connections(descriptors: int) -> int:
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a request-head deadline and connection caps (see above)."""
 
-    limit: ClassVar[int] = max_connections(1024)
-    """Set by the daemon from its descriptor limit before it serves."""
     _waiting: ClassVar[dict[GuardedH11Protocol, None]] = {}
     """Connections waiting for a request head, oldest first (one event loop touches it)."""
 
@@ -78,13 +83,12 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limit:
-            logger.warning("refused a connection: %d are open, the most this daemon keeps", len(self.connections) - 1)
-            self._close()
-            return
-        while len(self._waiting) >= MAX_WAITING:
-            oldest = next(iter(self._waiting))
-            oldest._close()
+        if len(self.connections) > max_connections(descriptor_limit()):
+            if not self._waiting:
+                logger.warning("refused a connection: %d are open and busy", len(self.connections) - 1)
+                self._close()
+                return
+            next(iter(self._waiting))._close()  # the longest-waiting one makes room
         self._await_head()
 
     def data_received(self, data: bytes) -> None:

@@ -158,8 +158,7 @@ class Daemon:
         from keymem_daemon.connections import GuardedH11Protocol, max_connections, raise_descriptor_limit
 
         descriptors = raise_descriptor_limit()
-        GuardedH11Protocol.limit = max_connections(descriptors)
-        logger.debug("%d file descriptors: at most %d connections", descriptors, GuardedH11Protocol.limit)
+        logger.debug("%d file descriptors: at most %d connections", descriptors, max_connections(descriptors))
 
         from keymem_daemon.api import Activity, create_app
 
