@@ -7,6 +7,9 @@ One file, standard library only, so a host runs it with whatever ``python3`` it 
     python3 keymem_hook.py session-start [--codex]        # SessionStart: warm the daemon
 
 It reads the host's hook JSON on stdin, finds the daemon through ``<data>/daemon.json``,
+makes it prove who it is (``GET /health?nonce=...`` must come back with the HMAC that
+only the holder of daemon.json's token can compute: a recycled pid or a program that took
+the port over gets neither the token nor the prompt), then, on the same connection,
 posts ``{prompt, cwd, session_id, agent, top_k[, max_chars]}`` to ``/v1/inject`` and
 prints exactly ``{"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
 "additionalContext": <the daemon's block>}}`` -- the two keys Codex's
@@ -54,7 +57,10 @@ SPAWN_QUIET_S = 30.0
 """After starting a daemon, the hook starts no other one for this long."""
 DEFAULT_TIMEOUT_MS = 2000
 PROBE_TIMEOUT_S = 0.5
-"""session-start's check that something listens on the daemon's port."""
+"""session-start's check that the daemon answers and proves itself."""
+PROOF_VERSION = "keymem-health-v1"
+"""What the daemon's /health proof signs (runtime.PROOF_VERSION)."""
+NONCE_BYTES = 16
 DEFAULT_TOP_K = 2
 DEFAULT_MIN_CHARS = 6
 MAX_CHARS_RANGE = (256, 9500)
@@ -88,6 +94,10 @@ class HookFailure(Exception):
     """Anything that ends a run early; its message goes only to the debug log."""
 
 
+class NotTheDaemon(HookFailure):
+    """Whatever answers on daemon.json's port did not prove it is keymemd."""
+
+
 # -- settings -----------------------------------------------------------------------------
 
 
@@ -112,8 +122,9 @@ def data_dir(environ: dict[str, str]) -> str:
 # -- the daemon ---------------------------------------------------------------------------
 
 
-def read_info(directory: str) -> tuple[int, int, str]:
-    """``(pid, port, token)`` from ``daemon.json``, checked as runtime.parse_daemon_info does."""
+def read_info(directory: str) -> tuple[int, int, str, float]:
+    """``(pid, port, token, started_at)`` from ``daemon.json``, checked as
+    runtime.parse_daemon_info does."""
     try:
         with open(os.path.join(directory, INFO_FILE), "rb") as handle:
             data = json.loads(handle.read(65536))
@@ -135,7 +146,16 @@ def read_info(directory: str) -> tuple[int, int, str]:
         raise HookFailure("daemon.json names an impossible pid or port")
     if not token or not all(33 <= ord(c) < 127 for c in token):
         raise HookFailure("daemon.json token is not a header-safe string")
-    return pid, port, token
+    return pid, port, token, float(data["started_at"])
+
+
+def health_proof(token: str, nonce: str, pid: int, started_at: float) -> str:
+    """runtime.health_proof: HMAC-SHA256 under the token over nonce, pid and start time."""
+    import hashlib
+    import hmac
+
+    message = f"{PROOF_VERSION}\n{nonce}\n{pid}\n{started_at:.6f}".encode()
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
 
 
 def pid_alive(pid: int) -> bool:
@@ -157,38 +177,30 @@ def remaining(deadline: float) -> float:
     return left
 
 
-def post_json(port: int, path: str, token: str, body: bytes, deadline: float) -> tuple[int, bytes]:
-    """One HTTP/1.1 POST to 127.0.0.1 that ends by ``deadline``: (status, body).
+def exchange(sock: socket.socket, request: bytes, deadline: float) -> tuple[int, bytes]:
+    """Send one HTTP/1.1 request on ``sock`` and read its response by ``deadline``: (status, body).
 
     A raw socket rather than http.client: importing that costs more than the request.
     """
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode("ascii")
-    sock = connect(port, remaining(deadline))
-    try:
-        sock.sendall(head + body)
-        data = b""
-        expected = -1
-        header_end = -1
-        while True:
-            sock.settimeout(remaining(deadline))
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > MAX_RESPONSE_BYTES:
-                raise HookFailure("response too large")
-            if header_end < 0:
-                header_end = data.find(b"\r\n\r\n")
-                if header_end >= 0:
-                    expected = content_length(data[:header_end])
-            if expected >= 0 and len(data) - header_end - 4 >= expected:
-                break
-    finally:
-        sock.close()
+    sock.settimeout(remaining(deadline))
+    sock.sendall(request)
+    data = b""
+    expected = -1
+    header_end = -1
+    while True:
+        sock.settimeout(remaining(deadline))
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_RESPONSE_BYTES:
+            raise HookFailure("response too large")
+        if header_end < 0:
+            header_end = data.find(b"\r\n\r\n")
+            if header_end >= 0:
+                expected = content_length(data[:header_end])
+        if expected >= 0 and len(data) - header_end - 4 >= expected:
+            break
     if header_end < 0:
         raise HookFailure("no HTTP response")
     lines = data[:header_end].decode("latin-1").split("\r\n")
@@ -201,6 +213,40 @@ def post_json(port: int, path: str, token: str, body: bytes, deadline: float) ->
     elif any(h.lower().replace(" ", "") == "transfer-encoding:chunked" for h in lines[1:]):
         payload = dechunk(payload)
     return int(parts[1]), payload
+
+
+def verify(sock: socket.socket, daemon: tuple[int, int, str, float], deadline: float) -> None:
+    """Make whatever ``sock`` reaches prove it is daemon.json's daemon; NotTheDaemon if not.
+
+    Sends only a fresh nonce (never the token); the connection stays open for the request.
+    """
+    pid, port, token, started_at = daemon
+    nonce = os.urandom(NONCE_BYTES).hex()
+    request = f"GET /health?nonce={nonce} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n\r\n"
+    status, body = exchange(sock, request.encode("ascii"), deadline)
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        raise NotTheDaemon("not keymemd: /health is not JSON") from None
+    if status != 200 or not isinstance(answer, dict) or answer.get("pid") != pid:
+        raise NotTheDaemon("not keymemd: not its /health")
+    proof = answer.get("proof")
+    if not isinstance(proof, str):
+        raise NotTheDaemon("not keymemd: no proof")
+    import hmac
+
+    if not hmac.compare_digest(proof, health_proof(token, nonce, pid, started_at)):
+        raise NotTheDaemon("not keymemd: wrong proof")
+
+
+def post_json(sock: socket.socket, port: int, path: str, token: str, body: bytes, deadline: float) -> tuple[int, bytes]:
+    """One POST on a verified connection to the daemon: (status, body)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode("ascii")
+    return exchange(sock, head + body, deadline)
 
 
 def connect(port: int, timeout: float) -> socket.socket:
@@ -234,13 +280,22 @@ def dechunk(data: bytes) -> bytes:
         data = rest[size + 2 :]
 
 
-def port_open(port: int, deadline: float) -> bool:
+def proves_itself(daemon: tuple[int, int, str, float], deadline: float) -> bool:
+    """session-start: does daemon.json's daemon answer and prove itself? A slow answer
+    counts (a busy daemon is still there: starting another would not help)."""
+    budget = time.monotonic() + min(PROBE_TIMEOUT_S, remaining(deadline))
     try:
-        connect(port, min(PROBE_TIMEOUT_S, remaining(deadline))).close()
-    except ConnectionRefusedError:
+        sock = connect(daemon[1], remaining(budget))
+    except OSError as exc:
+        return not isinstance(exc, ConnectionRefusedError)
+    try:
+        verify(sock, daemon, budget)
+    except NotTheDaemon:
         return False
-    except OSError:
-        return True  # slow or odd, but something is there: starting another would not help
+    except (OSError, ValueError, HookFailure):
+        return True
+    finally:
+        sock.close()
     return True
 
 
@@ -374,8 +429,8 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
 
     if mode == "session-start":
         try:
-            pid, port, _ = read_info(directory)
-            alive = pid_alive(pid) and port_open(port, deadline)
+            daemon = read_info(directory)
+            alive = pid_alive(daemon[0]) and proves_itself(daemon, deadline)
         except HookFailure as exc:
             note["daemon"] = str(exc)
             alive = False
@@ -394,8 +449,8 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
         raise HookFailure("slash command")
 
     try:
-        pid, port, token = read_info(directory)
-        if not pid_alive(pid):
+        daemon = read_info(directory)
+        if not pid_alive(daemon[0]):
             raise HookFailure("daemon.json names a dead pid")
     except HookFailure as exc:
         note["daemon"] = str(exc)
@@ -420,10 +475,16 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
     body = json.dumps(request, ensure_ascii=False).encode("utf-8")
 
     sent = time.monotonic()
+    _, port, token, _ = daemon
     try:
-        status, answer = post_json(port, "/v1/inject", token, body, deadline)
-    except ConnectionRefusedError:
-        note["daemon"] = "connection refused"
+        sock = connect(port, remaining(deadline))
+        try:
+            verify(sock, daemon, deadline)
+            status, answer = post_json(sock, port, "/v1/inject", token, body, deadline)
+        finally:
+            sock.close()
+    except (ConnectionRefusedError, NotTheDaemon) as exc:
+        note["daemon"] = "connection refused" if isinstance(exc, ConnectionRefusedError) else str(exc)
         raise HookFailure(start_daemon(environ, directory)) from None
     except (OSError, ValueError, HookFailure) as exc:  # socket.timeout is an OSError
         raise HookFailure(f"request failed ({type(exc).__name__}: {exc})") from None

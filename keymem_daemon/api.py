@@ -31,13 +31,13 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 import anyio
 import anyio.to_thread
-from fastapi import Body, Depends, FastAPI, Header, Request
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -112,6 +112,9 @@ class HealthOut(BaseModel):
     error: str | None = Field(None, description="Why loading failed (status failed only).")
     detail: str | None = Field(None, description="What a long start is doing, with its progress "
                                                  "(status starting only).")
+    proof: str | None = Field(None, description="With ?nonce=: HMAC-SHA256 under the token over the nonce, "
+                                                "pid and start time (runtime.health_proof), so a client knows "
+                                                "it talks to the daemon of daemon.json before it sends the token.")
 
 
 class ToolDefinition(BaseModel):
@@ -677,14 +680,17 @@ def create_app(
     *,
     on_shutdown: Callable[[], None] | None = None,
     activity: Activity | None = None,
+    started_at: float | None = None,
 ) -> FastAPI:
     """The daemon's FastAPI application.
 
     ``settings.port`` must be the bound port (the Host check uses it). ``on_shutdown`` is
     called by ``POST /v1/shutdown`` before it replies: the daemon removes ``daemon.json``
     there and asks uvicorn to exit once in-flight requests are done. ``activity`` records
-    authenticated requests for the idle-exit check.
+    authenticated requests for the idle-exit check. ``started_at`` is the start time
+    ``daemon.json`` publishes, which ``/health``'s proof covers.
     """
+    started = time.time() if started_at is None else started_at
     app = FastAPI(
         title="keymemd",
         version=__version__,
@@ -717,9 +723,16 @@ def create_app(
         return service.host(headers.agent, headers.session, headers.cwd)
 
     @app.get("/health", response_model=HealthOut, response_model_exclude_none=True, tags=["health"])
-    async def health() -> dict[str, Any]:
+    async def health(
+        nonce: Annotated[str | None, Query(min_length=1, max_length=runtime.MAX_NONCE_CHARS,
+                                           pattern="^[A-Za-z0-9_-]+$",
+                                           description="A fresh client nonce; the answer's proof signs it.")] = None,
+    ) -> dict[str, Any]:
         """Liveness and readiness (`starting` -> `ready`); no token needed."""
-        return service.health()
+        body = service.health()
+        if nonce is not None:
+            body["proof"] = runtime.health_proof(token, nonce, pid=body["pid"], started_at=started)
+        return body
 
     @app.get(TOOLS_PATH, response_model=ToolsOut, tags=["mcp"])
     async def list_tools(host: HostDep) -> Response:
@@ -796,12 +809,19 @@ def create_app(
     async def import_(
         data: Annotated[dict[str, Any], Body(description="A keymem export, or an upstream keymem graph.json.")],
     ) -> StreamingResponse:
-        """Import an export (or an upstream graph.json), streaming progress as NDJSON."""
-        service.ready_graph()  # 503 now, rather than an error line after a 200
+        """Import an export (or an upstream graph.json), streaming progress as NDJSON.
 
-        def lines() -> Iterator[str]:
-            for line in service.import_events(data):
-                yield line + "\n"
+        A client that goes away (Ctrl+C) cancels it: nothing is written."""
+        service.ready_graph()  # 503 now, rather than an error line after a 200
+        cancelled = threading.Event()
+        events = service.import_events(data, cancelled=cancelled)
+
+        async def lines() -> AsyncIterator[str]:
+            try:
+                while (line := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)) is not None:
+                    yield line + "\n"
+            finally:
+                cancelled.set()  # the client left (the stream was cancelled), or the import ended
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 

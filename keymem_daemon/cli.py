@@ -15,11 +15,13 @@ import collections
 import json
 import os
 import plistlib
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
 
 import click
@@ -121,12 +123,16 @@ def _ready_daemon(settings: Settings) -> runtime.DaemonInfo:
 
 
 def _client(info: runtime.DaemonInfo, timeout: float = REQUEST_TIMEOUT) -> httpx.Client:
+    """A client for ``info``'s daemon; each connection proves it reaches that daemon first."""
     import httpx
+
+    from keymem_daemon.verified import verified_transport
 
     return httpx.Client(
         base_url=info.url,
         headers=info.headers,
         timeout=httpx.Timeout(timeout, connect=runtime.HEALTH_TIMEOUT * 5),
+        transport=verified_transport(info),
         trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
     )
 
@@ -186,8 +192,8 @@ def start(state: CliState, port: int | None, timeout: float | None, as_json: boo
     run_args = ["--port", str(port)] if port is not None else []
     try:
         result = runtime.start_daemon(settings, timeout=timeout, run_args=run_args, environ=state.environ)
-    except DaemonNotRunning as exc:
-        tail = logs.tail(settings.log_path, LOG_TAIL_LINES)
+    except KeymemError as exc:
+        tail = logs.tail(settings.log_path, LOG_TAIL_LINES) if isinstance(exc, DaemonNotRunning) else []
         if tail:
             note(f"--- last {len(tail)} lines of {settings.log_path} ---")
             note("\n".join(tail))
@@ -244,9 +250,15 @@ def stop(state: CliState, as_json: bool) -> None:
         how = runtime.stop_daemon(info, settings.data_dir)
     except DaemonNotRunning as exc:
         raise click.ClickException(exc.message) from None
+    if how == "not_running":
+        reason = (f"daemon.json named pid {info.pid}, which is not this data directory's daemon "
+                  "(left alone; removed the stale daemon.json)")
+        emit(as_json, {"stopped": False, "pid": info.pid, "how": how, "reason": reason},
+             f"keymemd is not running: {reason}")
+        return
     emit(
         as_json,
-        {"stopped": how != "not_running", "pid": info.pid, "how": how},
+        {"stopped": True, "pid": info.pid, "how": how},
         f"keymemd stopped (pid {info.pid}, {how})",
     )
 
@@ -570,7 +582,11 @@ def export(state: CliState, output: Path | None, include_vectors: bool, as_json:
         return
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(response.content)
+        # Every memory is in it: private (0600) whatever the umask, like the store itself.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, runtime.PRIVATE_FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), runtime.PRIVATE_FILE_MODE)
+            handle.write(response.content)
         tmp.replace(output)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -610,41 +626,59 @@ def import_cmd(state: CliState, file: Path, as_json: bool) -> None:
         raise click.ClickException(f"{file} holds a JSON {type(parsed).__name__}; expected an export object")
     del parsed
     info = _ready_daemon(state.settings())
+    import httpx
+
     result: dict[str, Any] | None = None
     tty = sys.stderr.isatty()
     last_phase = None
-    with (
-        _client(info, TRANSFER_TIMEOUT) as client,
-        client.stream("POST", "/v1/import", content=raw, headers={"Content-Type": "application/json"}) as response,
-    ):
-        if response.status_code != 200:
-            response.read()
-            raise _daemon_error(response)
-        for line in response.iter_lines():
-            if not line.strip():
-                continue
-            event = json.loads(line)
-            kind = event.get("event")
-            if kind == "progress":
-                phase, done, total = event.get("phase"), event.get("done"), event.get("total")
-                if tty:
-                    click.echo(f"\r{phase}: {done}/{total}   ", nl=False, err=True)
-                elif phase != last_phase or done == total:
-                    note(f"{phase}: {done}/{total}")
-                last_phase = phase
-            elif kind == "error":
-                if tty:
-                    note("")
-                error = event.get("error") or {}
-                raise click.ClickException(f"import failed: {error.get('message', event)}")
-            elif kind == "done":
-                result = event.get("result") or {}
+    # SIGTERM cancels like Ctrl+C: the connection closes and the daemon abandons the import.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with (
+            _client(info, TRANSFER_TIMEOUT) as client,
+            client.stream("POST", "/v1/import", content=raw, headers={"Content-Type": "application/json"}) as response,
+        ):
+            if response.status_code != 200:
+                response.read()
+                raise _daemon_error(response)
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("event")
+                if kind == "progress":
+                    phase, done, total = event.get("phase"), event.get("done"), event.get("total")
+                    if tty:
+                        click.echo(f"\r{phase}: {done}/{total}   ", nl=False, err=True)
+                    elif phase != last_phase or done == total:
+                        note(f"{phase}: {done}/{total}")
+                    last_phase = phase
+                elif kind == "error":
+                    if tty:
+                        note("")
+                    error = event.get("error") or {}
+                    raise click.ClickException(f"import failed: {error.get('message', event)}")
+                elif kind == "done":
+                    result = event.get("result") or {}
+    except KeyboardInterrupt:
+        raise click.ClickException("import cancelled: the daemon abandons it and imports nothing") from None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise click.ClickException(
+            f"the import did not finish: the daemon went away ({type(exc).__name__}); an import cut short "
+            "commits nothing (see keymemd logs)"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if tty and last_phase is not None:
         note("")
     if result is None:
         raise click.ClickException("the daemon ended the import without a result; see keymemd logs")
     summary = _summarize(result)
     emit(as_json, {"imported": True, "result": result}, summary or "imported")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _summarize(result: Mapping[str, Any]) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import logging.config
 import os
 import secrets
 import signal
@@ -103,10 +102,10 @@ class Daemon:
         settings = self.settings
         allocators.configure()
         os.umask(PRIVATE_UMASK)
-        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        logs.prepare_log_dir(settings)
-        log_config = logs.logging_config(settings, stderr=self.log_to_stderr)
-        logging.config.dictConfig(log_config)
+        tightened = runtime.prepare_data_dir(settings.data_dir)  # read-only, full, foreign: one clear line
+        log_config = logs.configure(settings, stderr=self.log_to_stderr)
+        if tightened:
+            logger.warning("%s", tightened)
         _install_stop_handlers(self)
         try:
             lock = runtime.acquire_daemon_lock(settings.data_dir)
@@ -122,14 +121,15 @@ class Daemon:
             self._service = Service(settings)
             loader = threading.Thread(target=self._load, name="keymem-loader", daemon=True)
             loader.start()
-            self._server = self._build_server(log_config)
+            started_at = time.time()
+            self._server = self._build_server(log_config, started_at)
             with self._lock:
                 self._info = runtime.DaemonInfo(
                     pid=os.getpid(),
                     port=port,
                     token=self._token,
                     version=__version__,
-                    started_at=time.time(),
+                    started_at=started_at,
                     data_dir=str(settings.data_dir),
                     embedder=self._fingerprint,
                 )
@@ -152,8 +152,13 @@ class Daemon:
         logger.info("keymemd stopped (exit code %d)", self.exit_code)
         return self.exit_code
 
-    def _build_server(self, log_config: dict[str, object]) -> uvicorn.Server:
+    def _build_server(self, log_config: dict[str, object], started_at: float) -> uvicorn.Server:
         import uvicorn
+
+        from keymem_daemon.connections import GuardedH11Protocol, max_connections, raise_descriptor_limit
+
+        descriptors = raise_descriptor_limit()
+        logger.debug("%d file descriptors: at most %d connections", descriptors, max_connections(descriptors))
 
         from keymem_daemon.api import Activity, create_app
 
@@ -165,6 +170,7 @@ class Daemon:
             self._token,
             on_shutdown=self.begin_shutdown,
             activity=self._activity,
+            started_at=started_at,
         )
         config = uvicorn.Config(
             app,
@@ -174,7 +180,7 @@ class Daemon:
             server_header=False,
             lifespan="off",
             ws="none",
-            http="h11",
+            http=GuardedH11Protocol,
             loop="asyncio",
             backlog=BACKLOG,
             timeout_keep_alive=KEEP_ALIVE_TIMEOUT,

@@ -11,6 +11,14 @@ treat it as absent and the next daemon replaces it.
 ``keymemd start`` is serialised by a second lock, ``<data>/start.lock``: racing starts
 queue on it, and every one after the first finds the daemon already answering.
 
+A client never takes ``daemon.json``'s word for who listens on its port (the daemon may
+have died and the port been taken by another program, or the pid been recycled): before
+it sends the token or a prompt, the daemon proves it holds the token by answering a fresh
+nonce on ``GET /health?nonce=...`` with ``health_proof`` (an HMAC under the token over the
+nonce, its pid and start time). ``get_health`` checks it; ``keymem_daemon.verified`` checks
+it on every new connection the shim and the CLI open. Signals go only to the process that
+holds ``daemon.lock`` (``owns_data_dir``) or that has just proven itself.
+
 This module is imported by the shim and by the CLI's ``start``/``stop``/``status``, so it
 stays light: the standard library, ``filelock`` and ``httpx`` only. ``httpx`` is imported by
 the two functions that make requests: the daemon imports this module too and never makes
@@ -21,9 +29,13 @@ own CLI's ``rich`` and ``pygments``).
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,7 +48,7 @@ from typing import Any, Final, Literal
 import filelock
 
 from keymem_daemon.config import Settings
-from keymem_daemon.errors import Conflict, DaemonNotRunning
+from keymem_daemon.errors import ConfigError, Conflict, DaemonNotRunning, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +73,20 @@ DAEMON_LOCK_WAIT: Final = 1.0
 """How long a new daemon waits for ``daemon.lock`` before giving up."""
 START_LOCK_MARGIN: Final = 10.0
 """A queued ``start`` waits this much longer than ``start_timeout`` for the one ahead of it."""
+
+PROOF_VERSION: Final = "keymem-health-v1"
+"""Names what ``health_proof`` signs, so a proof can never be mistaken for another HMAC."""
+NONCE_BYTES: Final = 16
+"""A fresh random nonce per check: a recorded proof is useless for the next one."""
+MAX_NONCE_CHARS: Final = 128
+"""The longest nonce ``/health`` signs (clients send 32 hex digits)."""
+PRIVATE_DIR_MODE: Final = 0o700
+PRIVATE_FILE_MODE: Final = 0o600
+COMMAND_SHOWN: Final = 160
+"""Characters of a lock holder's command line a message quotes."""
+WRITE_PROBE_BYTES: Final = 64 * 1024
+"""What a start writes (and removes) to learn that the data dir takes writes: a file system
+with less room than this cannot hold the store's next transaction either."""
 
 # Host identity belongs to one host session; a daemon spawned from a host must not inherit
 # it, or it stamps every caller's memories with the first host's session (upstream 7489ba1).
@@ -92,6 +118,32 @@ class DaemonInfo:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def new_nonce() -> str:
+    """A fresh nonce for one ``/health`` check."""
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def health_proof(token: str, nonce: str, *, pid: int, started_at: float) -> str:
+    """The daemon's answer to a client's ``nonce``: HMAC-SHA256 under its token over the
+    nonce, its pid and its start time (as ``daemon.json`` has them).
+
+    Only the process that wrote the token can compute it, so a program that took over the
+    port, or a recycled pid, cannot pass for the daemon; the pid and start time tie it to
+    this very ``daemon.json``. ``hooks/keymem_hook.py`` holds a copy of these lines.
+    """
+    message = f"{PROOF_VERSION}\n{nonce}\n{pid}\n{started_at:.6f}".encode()
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def proof_matches(info: DaemonInfo, nonce: str, body: object) -> bool:
+    """Does a ``/health`` answer to ``nonce`` prove that the daemon ``info`` names sent it?"""
+    if not isinstance(body, dict) or body.get("pid") != info.pid:
+        return False
+    proof = body.get("proof")
+    expected = health_proof(info.token, nonce, pid=info.pid, started_at=info.started_at)
+    return isinstance(proof, str) and hmac.compare_digest(proof, expected)
 
 
 # Field name -> accepted JSON types (bool is excluded from the numbers explicitly).
@@ -162,13 +214,13 @@ def read_daemon_info(location: Path) -> DaemonInfo:
 def write_daemon_info(location: Path, info: DaemonInfo) -> None:
     """Publish ``info`` atomically: a private temp file (0600) renamed over ``daemon.json``."""
     path = info_path(location)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o600)
+            os.fchmod(handle.fileno(), PRIVATE_FILE_MODE)
             handle.write(info.to_json())
             handle.flush()
             os.fsync(handle.fileno())
@@ -240,13 +292,86 @@ def pid_alive(pid: int) -> bool:
     return state not in (["Z"], ["X"])
 
 
-def looks_like_daemon(pid: int) -> bool:
-    """Guard against a recycled pid before signalling: is ``pid`` a keymem process?"""
+def lock_holders(path: Path) -> list[int] | None:
+    """The pids holding a lock on ``path`` (``filelock`` uses ``flock``), as ``/proc/locks``
+    lists them: [] when nobody does, None where there is no ``/proc/locks`` (not Linux)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        table = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
     except OSError:
-        return pid_alive(pid)  # no procfs: trust the pid from daemon.json
-    return b"keymem" in cmdline
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = []
+    for line in table.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2163738 0 EOF"; "->" marks a waiter, not a holder
+        fields = line.split()
+        if len(fields) >= 6 and "->" not in fields and fields[5] == device and fields[4].isdigit():
+            holders.append(int(fields[4]))
+    return holders
+
+
+def _runs_daemon_for(pid: int, data_dir: Path) -> bool:
+    """Is ``pid`` exactly ``python -m keymem_daemon [--data-dir DIR] run`` for ``data_dir``?
+    (Where ``/proc/locks`` is missing; False without procfs.)"""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    args = [a.decode("utf-8", "surrogateescape") for a in argv if a]
+    module = any(args[i:i + 2] == ["-m", "keymem_daemon"] for i in range(len(args)))
+    script = any(Path(a).name == "keymemd" for a in args[:2])
+    if not (module or script) or "run" not in args:
+        return False
+    if "--data-dir" in args[:-1]:
+        named = args[args.index("--data-dir") + 1]
+    else:
+        env = dict(e.decode("utf-8", "surrogateescape").partition("=")[::2] for e in environ if b"=" in e)
+        named = env.get("KEYMEM_DATA_DIR") or str(Path(env.get("HOME", "~")) / ".keymem")
+    try:
+        return Path(named).expanduser().resolve() == data_dir.resolve()
+    except OSError:
+        return False
+
+
+def owns_data_dir(pid: int, data_dir: Path) -> bool:
+    """Is ``pid`` this data dir's daemon -- the holder of its ``daemon.lock``?
+
+    The guard before any signal: a ``daemon.json`` left by a killed daemon may name a pid
+    the system has since given to anything (an editor open on keymem's README). Where the
+    kernel's lock table cannot be read, the exact command line and data dir decide.
+    """
+    if not pid_alive(pid):
+        return False
+    holders = lock_holders(data_dir / LOCK_FILE)
+    if holders is not None:
+        return pid in holders
+    return _runs_daemon_for(pid, data_dir)
+
+
+def describe_holder(path: Path) -> str:
+    """Who holds the lock ``path``, as " (held by pid 123, user ann: python -m ...)"; "" if
+    nobody does or it cannot be told."""
+    holders = lock_holders(path)
+    if not holders:
+        return ""
+    pid = holders[0]
+    try:
+        uid = Path(f"/proc/{pid}").stat().st_uid
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return f" (held by pid {pid})"
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    command = " ".join(argv.replace("\0", " ").split())
+    return f" (held by pid {pid}, user {user}: {command[:COMMAND_SHOWN]})"
 
 
 def wait_for_exit(pid: int, timeout: float) -> bool:
@@ -263,12 +388,86 @@ def wait_for_exit(pid: int, timeout: float) -> bool:
     return True
 
 
+# -- the data directory ------------------------------------------------------------------
+
+
+def prepare_data_dir(data_dir: Path) -> str | None:
+    """Create ``data_dir`` private (0700), or make an existing one private; check it takes writes.
+
+    Returns a note when an existing directory was tightened (for the log). Raises
+    ``ConfigError`` for a directory another user owns, ``StoreError`` for one that takes no
+    writes (read-only, full, not ours to write), each saying what to do.
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        st = data_dir.stat()
+    except OSError as exc:
+        raise _unwritable(data_dir, exc) from None
+    if st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"the data directory {data_dir} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): "
+            "keymem keeps your memories only in a directory of your own (set KEYMEM_DATA_DIR)"
+        )
+    note = None
+    if st.st_mode & 0o077:
+        try:
+            os.chmod(data_dir, PRIVATE_DIR_MODE)
+        except OSError as exc:
+            raise _unwritable(data_dir, exc) from None
+        note = f"made {data_dir} private (mode {st.st_mode & 0o777:o} -> {PRIVATE_DIR_MODE:o}): memories are yours only"
+    probe = data_dir / f".write-probe.{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+        try:
+            os.write(fd, b"\0" * WRITE_PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _unwritable(data_dir, exc) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return note
+
+
+def _unwritable(data_dir: Path, exc: OSError) -> StoreError:
+    """One line for a data dir that takes no writes, naming why and what to do."""
+    if exc.errno == errno.EROFS:
+        why = "it is on a read-only file system"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            st = os.statvfs(data_dir)
+            free = f" ({st.f_bavail * st.f_frsize // 1024} KB free)"
+        except OSError:
+            free = ""
+        why = f"its file system is full{free}; free some space"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        why = "you may not write there"
+    else:
+        why = exc.strerror or str(exc)
+    return StoreError(
+        f"keymem cannot write to its data directory {data_dir}: {why} "
+        f"({exc.strerror or exc}); it needs a writable directory of your own (KEYMEM_DATA_DIR)"
+    )
+
+
+def data_dir_problem(data_dir: Path) -> str | None:
+    """Why ``data_dir`` cannot hold a daemon (read-only, full, foreign), or None: for a
+    start whose daemon exited without saying (its log may be what could not be written)."""
+    try:
+        prepare_data_dir(data_dir)
+    except (StoreError, ConfigError) as exc:
+        return exc.message
+    return None
+
+
 # -- locks -------------------------------------------------------------------------------
 
 
 def daemon_lock(data_dir: Path) -> filelock.BaseFileLock:
     """The lock that makes a process the owner of ``data_dir`` (not yet acquired)."""
-    return filelock.FileLock(str(data_dir / LOCK_FILE), thread_local=False)
+    return filelock.FileLock(str(data_dir / LOCK_FILE), mode=PRIVATE_FILE_MODE, thread_local=False)
 
 
 def acquire_daemon_lock(data_dir: Path, *, timeout: float = DAEMON_LOCK_WAIT) -> filelock.BaseFileLock:
@@ -286,7 +485,7 @@ def acquire_daemon_lock(data_dir: Path, *, timeout: float = DAEMON_LOCK_WAIT) ->
             owner = read_daemon_info(data_dir)
             where = f" (pid {owner.pid}, {owner.url})"
         except DaemonNotRunning:
-            where = " (it is starting or shutting down)"
+            where = describe_holder(data_dir / LOCK_FILE) or " (it is starting or shutting down)"
         raise Conflict(f"another keymemd already owns {data_dir}{where}") from None
     return lock
 
@@ -337,12 +536,16 @@ def wait_for_owner(data_dir: Path, timeout: float) -> DaemonInfo | None:
 @contextlib.contextmanager
 def start_lock(data_dir: Path, timeout: float) -> Iterator[None]:
     """Serialise ``keymemd start`` (and the shim's autostart) for one data directory."""
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = filelock.FileLock(str(data_dir / START_LOCK_FILE), thread_local=False)
+    path = data_dir / START_LOCK_FILE
+    lock = filelock.FileLock(str(path), mode=PRIVATE_FILE_MODE, thread_local=False)
     try:
         lock.acquire(timeout=timeout, poll_interval=POLL_INTERVAL)
     except filelock.Timeout:
-        raise DaemonNotRunning(f"another keymemd start for {data_dir} did not finish within {timeout:.0f} s") from None
+        raise DaemonNotRunning(
+            f"another keymemd start for {data_dir} did not finish within {timeout:.0f} s{describe_holder(path)}"
+        ) from None
+    except OSError as exc:
+        raise _unwritable(data_dir, exc) from None
     try:
         yield
     finally:
@@ -353,18 +556,24 @@ def start_lock(data_dir: Path, timeout: float) -> Iterator[None]:
 
 
 def get_health(info: DaemonInfo, *, timeout: float = HEALTH_TIMEOUT) -> dict[str, Any] | None:
-    """``GET /health`` of the daemon ``info`` names; None if it does not answer as keymem."""
+    """``GET /health`` of the daemon ``info`` names; None unless it proves to be that daemon.
+
+    The proof (``health_proof`` over a fresh nonce) is what counts: a program that took over
+    the port, or answers with the right pid, is not keymem without the token.
+    """
     import httpx
 
+    nonce = new_nonce()
     try:
         # trust_env=False: a proxy from the environment must never carry loopback traffic.
-        response = httpx.get(f"{info.url}/health", timeout=timeout, trust_env=False)
+        response = httpx.get(f"{info.url}/health", params={"nonce": nonce}, timeout=timeout, trust_env=False)
         body = response.json()
     except (httpx.HTTPError, ValueError):
         return None
-    if response.status_code != 200 or not isinstance(body, dict) or body.get("pid") != info.pid:
+    if response.status_code != 200 or not proof_matches(info, nonce, body):
         return None  # not ours: something else answers on that port
-    return body
+    result: dict[str, Any] = body
+    return result
 
 
 def wait_until_ready(
@@ -400,18 +609,30 @@ def wait_until_ready(
                 detail = health.get("detail")
                 last = f"pid {info.pid} is still {health.get('status', 'starting')}" + (f": {detail}" if detail else "")
         if process is not None and process.poll() is not None:
-            raise DaemonNotRunning(f"keymemd exited with code {process.returncode} while starting ({last})")
+            raise exited_while_starting(process, info_path(location).parent, last)
         if time.monotonic() >= deadline:
             raise DaemonNotRunning(f"keymemd was not ready within {timeout:g} s ({last})")
         time.sleep(POLL_INTERVAL)
 
 
+def exited_while_starting(process: subprocess.Popen[bytes], data_dir: Path, last: str | None = None
+                          ) -> DaemonNotRunning:
+    """A spawned daemon exited before it was ready: say so, and why when the data dir tells
+    (read-only, full: then its log may be the very thing it could not write)."""
+    problem = data_dir_problem(data_dir)
+    detail = f": {problem}" if problem else f" ({last})" if last else ""
+    return DaemonNotRunning(f"keymemd exited with code {process.returncode} while starting{detail}")
+
+
 def request_shutdown(info: DaemonInfo, *, timeout: float = SHUTDOWN_REQUEST_TIMEOUT) -> bool:
-    """``POST /v1/shutdown``; True if the daemon accepted it."""
+    """``POST /v1/shutdown`` over a verified connection; True if the daemon accepted it."""
     import httpx
 
+    from keymem_daemon.verified import verified_transport
+
     try:
-        response = httpx.post(f"{info.url}/v1/shutdown", headers=info.headers, timeout=timeout, trust_env=False)
+        with httpx.Client(transport=verified_transport(info), timeout=timeout, trust_env=False) as client:
+            response = client.post(f"{info.url}/v1/shutdown", headers=info.headers)
     except httpx.HTTPError:
         return False
     return response.status_code == 200
@@ -427,21 +648,27 @@ def stop_daemon(
 ) -> StopOutcome:
     """Stop the daemon politely, then firmly: ``/v1/shutdown``, SIGTERM, SIGKILL.
 
-    Each step waits for the pid to disappear. A daemon that had to be killed leaves its
-    ``daemon.json`` behind; it is removed here (it names the pid we just stopped).
+    Only this data dir's daemon is ever signalled: the process that proves itself on
+    ``/health`` or holds ``daemon.lock`` (``owns_data_dir``), checked again before each
+    signal. Anything else ``daemon.json`` names (a recycled pid) is left alone and the
+    stale file removed. Each step waits for the pid to disappear. A daemon that had to be
+    killed leaves its ``daemon.json`` behind; it is removed here (it names the pid we just
+    stopped).
     """
-    if not pid_alive(info.pid) or not looks_like_daemon(info.pid):
-        # Gone, or the pid was recycled by an unrelated process: never signal that one.
+    data_dir = location.parent if location.suffix == ".json" else location
+
+    def ours() -> bool:
+        return owns_data_dir(info.pid, data_dir) or get_health(info) is not None
+
+    if not pid_alive(info.pid) or not ours():
         remove_daemon_info(location, pid=info.pid)
         return "not_running"
     if request_shutdown(info) and wait_for_exit(info.pid, grace):
         return "shutdown"
     outcome: StopOutcome = "terminated"
     for sig, wait in ((signal.SIGTERM, term_grace), (signal.SIGKILL, kill_grace)):
-        if not pid_alive(info.pid):
-            break
-        if not looks_like_daemon(info.pid):
-            break  # the pid was recycled by an unrelated process: never signal it
+        if not pid_alive(info.pid) or not ours():
+            break  # gone, or the pid was recycled by an unrelated process: never signal it
         logger.info("sending %s to keymemd pid %d", signal.Signals(sig).name, info.pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(info.pid, sig)
@@ -513,6 +740,7 @@ def start_daemon(
     data_dir = settings.data_dir
     wait = settings.start_timeout if timeout is None else timeout
     deadline = time.monotonic() + wait
+    prepare_data_dir(data_dir)
     with start_lock(data_dir, wait + START_LOCK_MARGIN):
         process: subprocess.Popen[bytes] | None = None
         while True:
@@ -529,9 +757,10 @@ def start_daemon(
             elif process.poll() is not None and lock_is_free(data_dir):
                 # Ours exited and nobody owns the directory: it failed. (If someone does own
                 # it, ours lost a race to a daemon started another way: wait for that one.)
-                raise DaemonNotRunning(f"keymemd exited with code {process.returncode} while starting")
+                raise exited_while_starting(process, data_dir)
             if time.monotonic() >= deadline:
-                state = "still starting" if process is not None else f"{data_dir / LOCK_FILE} is held"
+                lock = data_dir / LOCK_FILE
+                state = "still starting" if process is not None else f"{lock} is taken{describe_holder(lock)}"
                 raise DaemonNotRunning(f"keymemd was not ready within {wait:g} s ({state}; see keymemd logs)")
             time.sleep(POLL_INTERVAL)
 

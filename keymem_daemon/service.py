@@ -50,6 +50,10 @@ class _NamespaceMap:
     mapping: dict[str, list[str]] = field(default_factory=dict)
 
 
+class _ImportCancelled(Exception):
+    """Raised from an import's progress report once its client has gone away."""
+
+
 class Service:
     """Everything the daemon does, behind its HTTP routes."""
 
@@ -280,18 +284,26 @@ class Service:
                                  {"result": result})
         return result
 
-    def import_events(self, data: Any) -> Iterator[str]:
+    def import_events(self, data: Any, *, cancelled: threading.Event | None = None) -> Iterator[str]:
         """Run an import in a worker thread, yielding NDJSON lines as it goes: progress
-        events, then one ``done`` (with the counts) or ``error`` line."""
+        events, then one ``done`` (with the counts) or ``error`` line.
+
+        ``cancelled`` (set when the client goes away: Ctrl+C, SIGTERM, a closed connection)
+        stops the import at its next progress report, before its transaction: nothing is
+        written."""
         lines: queue.Queue[str | None] = queue.Queue()
 
         def progress(phase: str, done: int, total: int) -> None:
+            if cancelled is not None and cancelled.is_set():
+                raise _ImportCancelled
             lines.put(json.dumps({"event": "progress", "phase": phase, "done": done, "total": total}))
 
         def work() -> None:
             try:
                 result = self.import_(data, progress=progress)
                 lines.put(json.dumps({"event": "done", "result": result}))
+            except _ImportCancelled:
+                logger.info("import cancelled: the client went away; nothing was imported")
             except KeymemError as exc:
                 lines.put(json.dumps({"event": "error", "error": {"code": exc.code, "message": exc.message}}))
             except Exception:

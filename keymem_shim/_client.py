@@ -4,6 +4,12 @@ Nothing here imports the MCP SDK: ``_server.py`` turns what this module returns 
 types. Everything here is light (the standard library, ``httpx``, ``anyio`` and the daemon's
 ``config``/``errors``/``runtime`` modules) so the shim never loads a model.
 
+Trust: every connection to the daemon is verified before it carries the token or any
+memory (``keymem_daemon.verified``): the daemon must answer a fresh nonce with the proof
+only the holder of ``daemon.json``'s token can give. A port taken over by another program
+(the daemon died or stopped, and the shim still has its address) fails that check like a
+refused connection, so it is handled the same way: re-read ``daemon.json``, restart.
+
 Recovery, in one place (``DaemonClient``):
 
 - A tool call that cannot reach the daemon (connection refused, or the connection dropped
@@ -39,7 +45,7 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from keymem_daemon import runtime
+from keymem_daemon import runtime, verified
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning, KeymemError, NotFound
 
@@ -203,12 +209,12 @@ class Launcher:
             time.sleep(POLL_INTERVAL)
 
     def _live_pid(self) -> int | None:
-        """The pid ``daemon.json`` names if it is a live keymem process (maybe busy)."""
+        """The pid ``daemon.json`` names if it is this data dir's daemon (maybe busy)."""
         try:
             info = runtime.read_daemon_info(self.settings.data_dir)
         except DaemonNotRunning:
             return None
-        return info.pid if runtime.looks_like_daemon(info.pid) else None
+        return info.pid if runtime.owns_data_dir(info.pid, self.settings.data_dir) else None
 
     def wait_ready(self) -> runtime.DaemonInfo:
         """A ready daemon: the live one once it is ready, or one started now.
@@ -216,7 +222,8 @@ class Launcher:
         Waits at most ``start_timeout``. A live daemon (its pid in ``daemon.json``) is
         polled, never restarted: a loading daemon can be too busy to answer one health
         check in time. One that answers ``failed`` (a corrupt store) is reported at once;
-        one that dies meanwhile, or a ``daemon.json`` naming a recycled pid, is replaced.
+        one that dies meanwhile, or a ``daemon.json`` naming a recycled pid or a port
+        another program now holds (nothing proves itself there), is replaced.
         """
         data_dir = self.settings.data_dir
         deadline = time.monotonic() + self.settings.start_timeout
@@ -228,7 +235,7 @@ class Launcher:
                     raise self._not_running() from None
                 return self._run_start()  # under the start lock: racing shims start one
             health = runtime.get_health(info)
-            if health is None and not runtime.looks_like_daemon(info.pid):
+            if health is None and not runtime.owns_data_dir(info.pid, data_dir):
                 return self._run_start()  # daemon.json names a recycled pid
             status = health.get("status") if health is not None else None
             if status == "ready":
@@ -274,7 +281,7 @@ def fetch_instructions(
     """``GET /v1/instructions`` (blocking, for start-up); None if the daemon does not say."""
     headers = {**_bytes(info.headers), **identity.headers()}
     try:
-        with httpx.Client(trust_env=False, timeout=timeout) as client:
+        with httpx.Client(transport=verified.verified_transport(info), trust_env=False, timeout=timeout) as client:
             response = client.get(f"{info.url}/v1/instructions", headers=headers)
             body = response.json()
     except (httpx.HTTPError, ValueError) as exc:
@@ -379,7 +386,7 @@ class DaemonClient:
         self._recovering = anyio.Lock()
         self._tools: list[dict[str, Any]] | None = None
         self._http = httpx.AsyncClient(
-            transport=transport,
+            transport=transport or verified.verified_async_transport(self._expected),
             trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
         )
@@ -400,6 +407,11 @@ class DaemonClient:
         return self._launcher.log_path
 
     # -- the daemon we talk to --
+
+    def _expected(self, port: int) -> runtime.DaemonInfo | None:
+        """The daemon a new connection to ``port`` must prove to be (verified transport)."""
+        info = self._info
+        return info if info is not None and info.port == port else None
 
     async def _daemon(self, *, ready: bool) -> runtime.DaemonInfo:
         info = self._info

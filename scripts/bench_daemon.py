@@ -5,7 +5,12 @@ Measures
 - resident memory at idle (empty store) and at 10k memories,
 - HTTP round-trip p50/p95 of ``remember`` and ``recall`` at 10k memories (one client),
 - requests per second with 4 concurrent clients (recall, and remember),
-against the targets: ready <= 3 s, RSS <= 400 MB at 10k, remember/recall p95 <= 30 ms.
+- resident memory under load: ``--mixed-clients`` (16) clients, each its own connection,
+  mixing remember, recall and ``/v1/inject`` for ``--seconds``; RSS sampled every 50 ms
+  (peak and after), next to the one-client figure of the same run as the baseline, with
+  the daemon's thread count and its anonymous / file-backed split (``smaps_rollup``),
+against the targets: ready <= 3 s, RSS <= 400 MB at 10k (also under load), remember/recall
+p95 <= 30 ms.
 
     python scripts/bench_daemon.py            # the full run (10k memories)
     python scripts/bench_daemon.py --memories 2000 --json
@@ -42,6 +47,8 @@ TARGET_P95_MS: Final = 30.0
 READY_TIMEOUT: Final = 60.0
 BATCH: Final = 100
 LOAD_CLIENTS: Final = 4
+MIXED_CLIENTS: Final = 16
+RSS_SAMPLE_S: Final = 0.05
 
 TOPICS: Final = [
     ("deploy", "배포"),
@@ -190,7 +197,71 @@ def throughput(make: Callable[[int], Callable[[], Any]], clients: int, seconds: 
     return sum(counts) / (time.perf_counter() - started)
 
 
-def run(memories: int, samples: int, seconds: float, starts: int) -> dict[str, Any]:
+def memory_split(pid: int) -> dict[str, float]:
+    """Anonymous and file-backed resident MB (``/proc/<pid>/smaps_rollup``) and threads."""
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("Anonymous", "Rss"):
+            out[f"{name.lower()}_mb"] = round(int(value.split()[0]) / 1024, 1)
+    out["file_mb"] = round(out["rss_mb"] - out["anonymous_mb"], 1)
+    out["threads"] = len(list(Path(f"/proc/{pid}/task").iterdir()))
+    return out
+
+
+def mixed_load(daemon: Daemon, clients: int, seconds: float) -> dict[str, Any]:
+    """``clients`` threads, each with its own connection, cycling remember / recall / inject,
+    while a sampler records the daemon's RSS; the peak and the figure after."""
+    assert daemon.process is not None
+    pid = daemon.process.pid
+    peak = [rss_mb(pid)]
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def sample() -> None:
+        while not stop.wait(RSS_SAMPLE_S):
+            peak[0] = max(peak[0], rss_mb(pid))
+
+    def mixed_worker(index: int) -> Callable[[], Any]:
+        local = daemon.client()
+        r = random.Random(1000 + index)
+        queries = [f"what does {p} think about {t}?" for p in PEOPLE for t, _ in TOPICS]
+        step = [20_000_000 * (index + 1)]
+
+        def fn() -> None:
+            step[0] += 1
+            try:
+                if step[0] % 3 == 0:
+                    call(local, "remember", memory(r, step[0]))
+                elif step[0] % 3 == 1:
+                    call(local, "recall", {"query": r.choice(queries)})
+                else:
+                    local.post("/v1/inject", json={"prompt": r.choice(queries) + " I need it now."}).raise_for_status()
+            except (httpx.HTTPError, RuntimeError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+        return fn
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rps = throughput(mixed_worker, clients, seconds)
+    finally:
+        stop.set()
+        sampler.join()
+    return {
+        "clients": clients,
+        "requests_per_s": round(rps, 1),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "rss_peak_mb": round(peak[0], 1),
+        "rss_after_mb": round(rss_mb(pid), 1),
+        **memory_split(pid),
+    }
+
+
+def run(memories: int, samples: int, seconds: float, starts: int, mixed_clients: int = MIXED_CLIENTS
+        ) -> dict[str, Any]:
     rng = random.Random(7)
     out: dict[str, Any] = {"memories": memories}
     with tempfile.TemporaryDirectory(prefix="keymem-bench-") as tmp:
@@ -266,6 +337,8 @@ def run(memories: int, samples: int, seconds: float, starts: int) -> dict[str, A
         out["recall_rps_4_clients"] = round(throughput(recall_worker, LOAD_CLIENTS, seconds), 1)
         out["remember_rps_4_clients"] = round(throughput(remember_worker, LOAD_CLIENTS, seconds), 1)
         out["rss_10k_mb"] = round(rss_mb(daemon.process.pid), 1)
+        out["rss_10k_split"] = memory_split(daemon.process.pid)
+        out["mixed"] = mixed_load(daemon, mixed_clients, seconds) if mixed_clients else None
         daemon.stop()
     out["targets"] = {
         "ready<=3s": out["ready_s"]["median"] <= TARGET_READY_S,
@@ -273,6 +346,8 @@ def run(memories: int, samples: int, seconds: float, starts: int) -> dict[str, A
         "remember_p95<=30ms": out["remember_ms"]["p95"] <= TARGET_P95_MS,
         "recall_p95<=30ms": out["recall_ms"]["p95"] <= TARGET_P95_MS,
     }
+    if out["mixed"] is not None:
+        out["targets"]["rss_under_load<=400MB"] = out["mixed"]["rss_peak_mb"] <= TARGET_RSS_MB
     return out
 
 
@@ -282,9 +357,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200, help="timed calls per operation")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each throughput run")
     parser.add_argument("--starts", type=int, default=3, help="cold starts to time")
+    parser.add_argument("--mixed-clients", type=int, default=MIXED_CLIENTS,
+                        help="clients of the mixed remember/recall/inject load (0: skip it)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    result = run(args.memories, args.samples, args.seconds, args.starts)
+    result = run(args.memories, args.samples, args.seconds, args.starts, args.mixed_clients)
     if args.json:
         print(json.dumps(result))
         return
@@ -307,8 +384,21 @@ def main() -> None:
             f"{LOAD_CLIENTS} concurrent clients",
             f"recall {r['recall_rps_4_clients']:.1f} req/s, remember {r['remember_rps_4_clients']:.1f} req/s",
         ),
-        ("targets", ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in r["targets"].items())),
     ]
+    split = r["rss_10k_split"]
+    rows.append(("  of which", f"{split['anonymous_mb']:.0f} MB anonymous, {split['file_mb']:.0f} MB file-backed, "
+                               f"{split['threads']:.0f} threads"))
+    if r["mixed"] is not None:
+        m = r["mixed"]
+        rows += [
+            (f"{m['clients']} clients, mixed load", f"{m['requests_per_s']:.1f} req/s, {m['errors']} errors"
+             + (f" (first: {m['first_error']})" if m["first_error"] else "")),
+            ("  RSS under it", f"peak {m['rss_peak_mb']:.0f} MB, after {m['rss_after_mb']:.0f} MB "
+                               f"({m['rss_peak_mb'] / r['rss_10k_mb']:.2f}x the one-client figure)"),
+            ("  of which", f"{m['anonymous_mb']:.0f} MB anonymous, {m['file_mb']:.0f} MB file-backed, "
+                           f"{m['threads']:.0f} threads"),
+        ]
+    rows.append(("targets", ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in r["targets"].items())))
     for label, value in rows:
         print(f"{label:<28}{value}")
 

@@ -15,7 +15,10 @@ whose keys repeat the way an agent's do (a handful of hubs such as ``PostgreSQL`
            a Claude Code payload on stdin, timed from spawn to exit with its output read;
   bare     ``python3 -c pass`` with the same interpreter, interleaved with the hook runs, so
            the hook's own cost can be read off against the machine's process start-up;
-  no-req   the hook fed a slash command: everything but the request (start, parse, exit).
+  no-req   the hook fed a slash command: everything but the request (start, parse, exit);
+  baseline with ``--baseline-hook FILE`` (another version of the hook, e.g.
+           ``git show main:hooks/keymem_hook.py > /tmp/hook-main.py``), run interleaved with
+           this one against the same daemon, so what a change costs reads off as a ratio.
 
 The prompts are half about stored memories (English, Korean, and Korean prompts about
 memories stored in English), half unrelated. Injected size is the length of
@@ -347,8 +350,9 @@ def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, An
                 "KEYMEM_DATA_DIR": str(data_dir),
                 "KEYMEM_AUTOSTART": "false",
             }
-            hook_ms, bare_ms, skip_ms, hook_chars = [], [], [], []
+            hook_ms, bare_ms, skip_ms, hook_chars, baseline_ms = [], [], [], [], []
             command = [python, str(HOOK), "user-prompt-submit"]
+            baseline = [python, str(args.baseline_hook), "user-prompt-submit"] if args.baseline_hook else None
             for i in range(args.hook_runs):
                 payload = {
                     "session_id": str(uuid.uuid4()),
@@ -364,6 +368,9 @@ def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, An
                 slash = json.dumps({**payload, "prompt": "/compact keep the plan"}).encode()
                 ms, _ = timed_process(command, slash, hook_env)
                 skip_ms.append(ms)
+                if baseline is not None:
+                    ms, _ = timed_process(baseline, json.dumps(payload).encode(), hook_env)
+                    baseline_ms.append(ms)
                 ms, out = timed_process(command, json.dumps(payload).encode(), hook_env)
                 hook_ms.append(ms)
                 context = json.loads(out)["hookSpecificOutput"]["additionalContext"] if out else ""
@@ -389,6 +396,7 @@ def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, An
         "bare_python_ms": percentiles(bare_ms),
         "hook_no_request_ms": percentiles(skip_ms),
         "hook_minus_bare_p50_ms": round(statistics.median(hook_ms) - statistics.median(bare_ms), 2),
+        "baseline_hook_ms": percentiles(baseline_ms) if baseline_ms else None,
         "injected": {
             "related_prompts": len(related),
             "related_with_context": len(sizes),
@@ -420,6 +428,12 @@ def report(result: dict[str, Any]) -> str:
         row("bare python -c pass", result["bare_python_ms"]),
         row("hook, no request", result["hook_no_request_ms"]),
         f"  hook - bare (p50)      {result['hook_minus_bare_p50_ms']:.2f} ms",
+        *(
+            [row("baseline hook", result["baseline_hook_ms"], TARGET_HOOK_P95_MS),
+             f"  hook / baseline        p50 {result['hook_ms']['p50'] / result['baseline_hook_ms']['p50']:.2f}x"
+             f"  p95 {result['hook_ms']['p95'] / result['baseline_hook_ms']['p95']:.2f}x"]
+            if result["baseline_hook_ms"] else []
+        ),
         f"  injected: {inj['related_with_context']}/{inj['related_prompts']} related prompts, "
         f"{inj['unrelated_with_context']}/{len(UNRELATED)} unrelated; "
         f"{inj['chars_per_prompt_mean']} chars per prompt on average"
@@ -442,6 +456,7 @@ def main() -> None:
         help="interpreter for the hook and the bare run (default: this one, "
         "outside any venv, as a host's python3 would be)",
     )
+    parser.add_argument("--baseline-hook", type=Path, help="another hook file, timed interleaved as the baseline")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out" / "hook.json")
     args = parser.parse_args()
     if args.prompts <= len(UNRELATED):

@@ -250,9 +250,16 @@ def test_stop_escalates_to_sigterm_when_shutdown_is_not_answered(tmp_path: Path)
     """A daemon that does not answer HTTP is stopped with SIGTERM (and never left behind)."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    # A process that looks like a daemon but serves nothing: shutdown requests fail.
-    fake = subprocess.Popen([sys.executable, "-c", "import time  # keymem_daemon run\nwhile True: time.sleep(1)"])
+    # A process that owns the data dir (it holds daemon.lock) but serves nothing: a hung
+    # daemon, whose shutdown requests fail.
+    fake = subprocess.Popen(
+        [sys.executable, "-c", "import filelock, sys, time\nlock = filelock.FileLock(sys.argv[1])\nlock.acquire()\n"
+         "print('locked', flush=True)\nwhile True: time.sleep(1)", str(data_dir / runtime.LOCK_FILE)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert fake.stdout is not None and fake.stdout.readline().strip() == "locked"
         info = runtime.DaemonInfo(
             pid=fake.pid,
             port=9,
@@ -270,6 +277,8 @@ def test_stop_escalates_to_sigterm_when_shutdown_is_not_answered(tmp_path: Path)
         if fake.poll() is None:
             fake.kill()
             fake.wait()
+        if fake.stdout is not None:
+            fake.stdout.close()
 
 
 def test_stop_never_signals_a_recycled_pid(tmp_path: Path) -> None:

