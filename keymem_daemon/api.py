@@ -94,6 +94,9 @@ class HealthOut(BaseModel):
     error: str | None = Field(None, description="Why loading failed (status failed only).")
     detail: str | None = Field(None, description="What a long start is doing, with its progress "
                                                  "(status starting only).")
+    warnings: list[str] | None = Field(None, description="What is wrong with the store (deleted under the "
+                                                         "daemon, empty next to full backups) or was "
+                                                         "repaired in it at start.")
 
 
 class ToolDefinition(BaseModel):

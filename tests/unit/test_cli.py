@@ -18,7 +18,7 @@ from keymem_daemon.config import Settings
 
 pytestmark = pytest.mark.timeout(60)
 
-COMMANDS = {"start", "stop", "status", "run", "logs", "install-service", "export", "import"}
+COMMANDS = {"start", "stop", "status", "run", "logs", "install-service", "export", "import", "restore"}
 REPORTING = COMMANDS - {"run"}
 HEAVY = (
     "numpy",
