@@ -97,8 +97,12 @@ def inspect(path: Path, *, full_check: bool = False) -> BackupInfo:
 
 def backups(backup_dir: Path) -> list[Path]:
     """Every backup file, newest first."""
-    found = [p for p in backup_dir.glob(ANY_GLOB) if p.is_file()]
-    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    found = []
+    for path in backup_dir.glob(ANY_GLOB):
+        with contextlib.suppress(OSError):  # rotated away meanwhile
+            if path.is_file():
+                found.append((path.stat().st_mtime, path.name, path))
+    return [path for *_, path in sorted(found, reverse=True)]
 
 
 def newest_holding_more(backup_dir: Path, memories: int) -> BackupInfo | None:

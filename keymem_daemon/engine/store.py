@@ -40,8 +40,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS: Final = 10_000
-# SQLite's primary result codes for a damaged file (``sqlite3.Error.sqlite_errorcode``).
+# SQLite's primary result codes for a damaged file (``sqlite3.Error.sqlite_errorcode``), and
+# their messages (Python 3.10 has no error codes).
 _DAMAGED_CODES: Final = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+_DAMAGED_MESSAGES: Final = ("database disk image is malformed", "file is not a database")
 # The tables every keymem schema has had since the first: a file without them is not a store.
 _KEYMEM_TABLES: Final = frozenset({"meta", "keys", "memories", "links"})
 # The files SQLite keeps for one WAL database, by suffix.
@@ -421,7 +423,8 @@ class _Exclusive:
 def damage_hint(exc: sqlite3.Error, backup_dir: Path | None) -> str:
     """For an error that says the file is damaged: where the backups are and how to restore."""
     code = getattr(exc, "sqlite_errorcode", None)
-    if backup_dir is None or code is None or code & 0xFF not in _DAMAGED_CODES:
+    damaged = any(m in str(exc) for m in _DAMAGED_MESSAGES) if code is None else code & 0xFF in _DAMAGED_CODES
+    if backup_dir is None or not damaged:
         return ""
     return (f". The store file is damaged; backups are in {backup_dir}: `keymemd restore` puts the newest good "
             "one back (it keeps the damaged file aside), `keymemd restore FILE` a given one")

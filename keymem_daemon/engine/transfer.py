@@ -171,8 +171,7 @@ class _Limits:
     """The limits of a tool call, applied to every imported record; all the records over
     them are named in one refusal."""
 
-    def __init__(self, max_content_chars: int) -> None:
-        self.max_content_chars = max_content_chars
+    def __init__(self) -> None:
         self.problems: list[InvalidInput] = []
 
     def length(self, where: str, name: str, value: str | None, limit: int, setting: str) -> None:
@@ -253,7 +252,7 @@ def _validate(data: Mapping[str, Any], now: float, *, max_content_chars: int) ->
     for name in ("keys", "memories", "links"):
         if not isinstance(data.get(name), list):
             raise InvalidInput(f"`{name}` must be an array", field=name)
-    limits = _Limits(max_content_chars)
+    limits = _Limits()
     keys, memories, links = [], [], []
     seen_keys: set[str] = set()
     for i, raw in enumerate(data["keys"]):
