@@ -42,6 +42,11 @@ class InjectRequest:
     agent: str | None = None
 
 
+def _memories_held(graph: MemoryGraph) -> int:
+    """Every memory row of the store (superseded and expired ones too)."""
+    return graph.store.read(lambda c: int(c.execute("SELECT COUNT(*) FROM memories").fetchone()[0]))
+
+
 @dataclass(slots=True)
 class _NamespaceMap:
     mtime: float = -1.0
@@ -112,7 +117,7 @@ class Service:
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
         """A start on a store without memories next to a backup with some says so loudly: the
         store file was probably deleted or emptied, and a new one was made in its place."""
-        held = graph.store.read(lambda c: int(c.execute("SELECT COUNT(*) FROM memories").fetchone()[0]))
+        held = _memories_held(graph)
         if held:
             return
         best = backups.newest_holding_more(self.settings.backup_dir, held)
@@ -313,7 +318,7 @@ class Service:
                 logger.exception("import failed")
                 lines.put(json.dumps({"event": "error", "error": {
                     "code": "internal",
-                    "message": f"the import failed while {phase}: {type(exc).__name__}: {exc} "
+                    "message": f"the import failed after the step {phase!r}: {type(exc).__name__}: {exc} "
                                "(nothing was imported; the log has the traceback)"}}))
             finally:
                 lines.put(None)
@@ -337,7 +342,6 @@ class Service:
             return None  # a store deleted under the daemon is saved once, by watch_store
         target = self.settings.backup_dir / f"keymem-{backups.stamp(self.clock())}.db"
         graph.store.backup_to(target)
-        held = graph.store.read(lambda c: int(c.execute("SELECT COUNT(*) FROM memories").fetchone()[0]))
-        backups.rotate(self.settings.backup_dir, self.settings.backup_keep, held)
+        backups.rotate(self.settings.backup_dir, self.settings.backup_keep, _memories_held(graph))
         logger.info("backup written to %s", target)
         return str(target)
