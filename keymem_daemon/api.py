@@ -115,6 +115,9 @@ class HealthOut(BaseModel):
     proof: str | None = Field(None, description="With ?nonce=: HMAC-SHA256 under the token over the nonce, "
                                                 "pid and start time (runtime.health_proof), so a client knows "
                                                 "it talks to the daemon of daemon.json before it sends the token.")
+    warnings: list[str] | None = Field(None, description="What is wrong with the store (deleted under the "
+                                                         "daemon, empty next to full backups) or was "
+                                                         "repaired in it at start.")
 
 
 class ToolDefinition(BaseModel):

@@ -28,7 +28,7 @@ import click
 
 from keymem_daemon import __version__, logs, runtime
 from keymem_daemon.config import Settings
-from keymem_daemon.errors import DaemonNotRunning, KeymemError
+from keymem_daemon.errors import Conflict, DaemonNotRunning, KeymemError
 
 if TYPE_CHECKING:
     # Imported where a command makes a request: ``keymemd run`` is the daemon, which makes
@@ -200,6 +200,7 @@ def start(state: CliState, port: int | None, timeout: float | None, as_json: boo
         raise click.ClickException(exc.message) from None
     info = result.info
     verb = "started" if result.started else "already running"
+    warnings = _warnings(info)
     emit(
         as_json,
         {
@@ -210,9 +211,19 @@ def start(state: CliState, port: int | None, timeout: float | None, as_json: boo
             "version": info.version,
             "data_dir": info.data_dir,
             "log": str(settings.log_path),
+            "warnings": warnings,
         },
         f"keymemd {verb} on {info.url} (pid {info.pid}, data {info.data_dir})",
     )
+    for warning in warnings:
+        note(f"WARNING: {warning}")
+
+
+def _warnings(info: runtime.DaemonInfo) -> list[str]:
+    """What the daemon's /health says is wrong with its store."""
+    health = runtime.get_health(info) or {}
+    found = health.get("warnings")
+    return [str(w) for w in found] if isinstance(found, list) else []
 
 
 @cli.command()
@@ -328,6 +339,8 @@ def status(state: CliState, as_json: bool) -> None:
         data["error"] = health["error"]
     if health.get("detail"):
         data["detail"] = health["detail"]
+    if health.get("warnings"):
+        data["warnings"] = health["warnings"]
     lines = [
         f"keymemd {info.version} {data['state']} on {info.url} (pid {info.pid})",
         *([f"  loading:   {data['detail']}"] if data.get("detail") else []),
@@ -351,6 +364,7 @@ def status(state: CliState, as_json: bool) -> None:
     lines.append(f"  warm shim: {warm}")
     if data.get("error"):
         lines.append(f"  error:     {data['error']}")
+    lines.extend(f"  WARNING:   {warning}" for warning in data.get("warnings", []))
     emit(as_json, data, lines)
 
 
@@ -679,6 +693,77 @@ def import_cmd(state: CliState, file: Path, as_json: bool) -> None:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+@cli.command()
+@click.argument("backup", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--no-start", is_flag=True, help="Leave the daemon stopped afterwards.")
+@json_option
+@pass_state
+def restore(state: CliState, backup: Path | None, no_start: bool, as_json: bool) -> None:
+    """Put a backup in place of the store (keymem.db) and start the daemon on it.
+
+    BACKUP is a file of <data>/backups (its name is enough) or any path; without it, the
+    newest backup there. It must pass SQLite's integrity check and be a keymem store. A
+    running daemon is stopped first. The files it replaces (keymem.db and its -wal and
+    -shm) are moved to <data>/replaced/<time>/, never deleted.
+
+    Example:
+
+    
+        keymemd restore                               # the newest good backup
+        keymemd restore keymem-20261130T101500Z.db    # this one
+    """
+    import sqlite3
+
+    from keymem_daemon import backups
+
+    settings = state.settings()
+    try:
+        chosen = backups.choose(settings.backup_dir, backup)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    # Queued starts (a host's shim reconnecting) wait until the backup is in place.
+    try:
+        with runtime.start_lock(settings.data_dir, settings.start_timeout + runtime.START_LOCK_MARGIN):
+            stopped = _stop_for_restore(settings)
+            try:
+                lock = runtime.acquire_daemon_lock(settings.data_dir)
+            except Conflict as exc:
+                raise click.ClickException(f"{exc.message}: stop it (keymemd stop), then restore again") from None
+            try:
+                restored = backups.restore(chosen, settings.db_path, now=time.time())
+            except (OSError, sqlite3.Error) as exc:
+                raise click.ClickException(f"cannot restore {chosen.path}: {exc}; the store is as it was") from None
+            finally:
+                lock.release()
+    except DaemonNotRunning as exc:
+        raise click.ClickException(exc.message) from None
+    data: dict[str, Any] = {"restored": str(chosen.path), "memories": chosen.memories, "stopped": stopped,
+                            "set_aside": [str(p) for p in restored.set_aside], "started": False}
+    lines = [f"restored {chosen.path} ({chosen.memories} memories) to {settings.db_path}"]
+    if restored.set_aside:
+        lines.append(f"the files it replaced are in {restored.set_aside[0].parent}")
+    if not no_start:
+        try:
+            info = runtime.start_daemon(settings, environ=state.environ).info
+        except DaemonNotRunning as exc:
+            raise click.ClickException(f"restored, but keymemd did not start: {exc.message}") from None
+        data.update(started=True, pid=info.pid, url=info.url)
+        lines.append(f"keymemd started on the restored store (pid {info.pid}, {info.url})")
+    else:
+        lines.append("start it with: keymemd start")
+    emit(as_json, data, lines)
+
+
+def _stop_for_restore(settings: Settings) -> int | None:
+    """Stop the daemon that owns the data directory, if one does; its pid."""
+    owner = runtime.wait_for_owner(settings.data_dir, settings.start_timeout)
+    if owner is None:
+        return None
+    runtime.stop_daemon(owner, settings.data_dir)
+    note(f"stopped keymemd (pid {owner.pid}) to restore the store")
+    return owner.pid
 
 
 def _summarize(result: Mapping[str, Any]) -> str:

@@ -11,6 +11,9 @@ backup       online SQLite backup under ``<data>/backups``,  ``KEYMEM_BACKUP_INT
              newest ``KEYMEM_BACKUP_KEEP`` kept              the newest backup (0: never)
 idle         ask the daemon to exit                          ``KEYMEM_IDLE_EXIT`` without a
                                                              request (0: never)
+watch        is ``keymem.db`` still the file the daemon      every ``STORE_WATCH_INTERVAL``
+             opened? If not: log, save a copy, refuse writes
+             (``Service.watch_store``)
 ===========  ==============================================  ==============================
 
 Every job runs at most once at a time (``max_instances=1``), missed runs collapse into
@@ -43,6 +46,9 @@ IDLE_CHECK_MIN: Final = 0.25
 IDLE_CHECK_MAX: Final = 30.0
 """The idle check runs every quarter of ``KEYMEM_IDLE_EXIT``, within these bounds (seconds)."""
 JOB_THREADS: Final = 2
+STORE_WATCH_INTERVAL: Final = 5.0
+"""Seconds between checks that the store file was not deleted or replaced (three stat calls;
+writes check it themselves, this is for a daemon that only reads meanwhile)."""
 
 
 def _now() -> datetime:
@@ -89,6 +95,8 @@ class Maintenance:
         )
         if s.backup_interval > 0:
             self._add("backup", self.backup, s.backup_interval, first=self._first_backup(now))
+        self._add("watch", self.watch, STORE_WATCH_INTERVAL,
+                  first=now + timedelta(seconds=STORE_WATCH_INTERVAL))
         if s.idle_exit > 0 and self._idle_for is not None and self._request_exit is not None:
             every = min(IDLE_CHECK_MAX, max(IDLE_CHECK_MIN, s.idle_exit / 4))
             self._add("idle", self.check_idle, every, first=now + timedelta(seconds=every))
@@ -143,6 +151,9 @@ class Maintenance:
 
     def backup(self) -> None:
         self.service.backup()
+
+    def watch(self) -> None:
+        self.service.watch_store()
 
     def check_idle(self) -> None:
         assert self._idle_for is not None and self._request_exit is not None

@@ -17,10 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Literal
 
-from keymem_daemon import activity_log, instructions, tools, transcripts
+from keymem_daemon import activity_log, backups, instructions, tools, transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph, get_memory
@@ -42,6 +41,11 @@ class InjectRequest:
     max_chars: int | None = None
     session_id: str | None = None
     agent: str | None = None
+
+
+def _memories_held(graph: MemoryGraph) -> int:
+    """Every memory row of the store (superseded and expired ones too)."""
+    return graph.store.read(lambda c: int(c.execute("SELECT COUNT(*) FROM memories").fetchone()[0]))
 
 
 @dataclass(slots=True)
@@ -72,6 +76,10 @@ class Service:
         self.activity: activity_log.ActivityLog | None = None
         self._namespaces = _NamespaceMap()
         self._lock = threading.Lock()
+        # What the start found that the user must know (an empty store next to full backups).
+        self._start_warnings: list[str] = []
+        # Where the copy of a store deleted under the daemon was saved (``watch_store``).
+        self._rescued: str | None = None
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
         # What the push path surfaced in each host session, so it says nothing twice.
         self.sessions = push.SessionMemory(ttl=settings.inject_session_ttl, clock=clock)
@@ -100,6 +108,7 @@ class Service:
                 self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
                 reranker=self.reranker if self.settings.rerank != "false" else None,
                 progress=self._re_embedding)
+            self._compare_with_backups(graph)
             if graph.has_hangul_content():
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
@@ -113,6 +122,49 @@ class Service:
             self.state = "failed"
             self.error = str(exc)
             logger.exception("loading failed")
+
+    def _compare_with_backups(self, graph: MemoryGraph) -> None:
+        """A start on a store without memories next to a backup with some says so loudly: the
+        store file was probably deleted or emptied, and a new one was made in its place."""
+        held = _memories_held(graph)
+        if held:
+            return
+        best = backups.newest_holding_more(self.settings.backup_dir, held)
+        if best is None:
+            return
+        found = {"missing": "did not exist", "empty": "was an empty (zero-length) file"}.get(
+            graph.store.found, "holds no memories")
+        message = (f"{self.settings.db_path} {found} at start, but the backup {best.path} holds {best.memories} "
+                   f"memories. To get them back: keymemd restore {best.path.name} (it stops keymemd, keeps the "
+                   "current store aside and starts again on the backup). To start afresh instead, delete the "
+                   "backups; until then backup rotation keeps that one.")
+        logger.error("%s", message)
+        self._start_warnings.append(message)
+
+    def warnings(self) -> list[str]:
+        """What is wrong with the store, or was repaired in it at start, for /health."""
+        out = list(self._start_warnings)
+        graph = self.graph
+        if graph is not None:
+            out.extend(graph.repairs)
+            lost = graph.store.check_files()
+            if lost is not None:
+                saved = (f"The daemon still had the old file open and saved a copy of it: {self._rescued}. "
+                         if self._rescued else "")
+                out.append(f"{lost}. {saved}Restore a backup from {self.settings.backup_dir} with: keymemd restore "
+                           "(it stops keymemd, puts the newest good backup in place and starts again)")
+        return out
+
+    def watch_store(self) -> None:
+        """The scheduler's check that the store file is still the one at its path; once it is
+        not, save what the daemon still holds open to ``backups/`` (once)."""
+        graph = self.graph
+        if graph is None or graph.store.check_files() is None or self._rescued is not None:
+            return
+        target = self.settings.backup_dir / f"keymem-rescued-{backups.stamp(self.clock())}.db"
+        graph.store.backup_to(target)
+        self._rescued = str(target)
+        logger.error("saved a copy of the store the daemon still had open to %s", target)
 
     def _re_embedding(self, kind: str, done: int, total: int) -> None:
         self.detail = f"re-embedding the store for a new embedder: {done}/{total} ({kind})"
@@ -143,6 +195,9 @@ class Service:
             out["error"] = self.error
         if self.detail and self.state == "starting":
             out["detail"] = self.detail
+        warnings = self.warnings()
+        if warnings:
+            out["warnings"] = warnings
         return out
 
     # -- host identity --------------------------------------------------------------------
@@ -292,11 +347,14 @@ class Service:
         stops the import at its next progress report, before its transaction: nothing is
         written."""
         lines: queue.Queue[str | None] = queue.Queue()
+        phase = "validating"
 
-        def progress(phase: str, done: int, total: int) -> None:
+        def progress(step: str, done: int, total: int) -> None:
+            nonlocal phase
             if cancelled is not None and cancelled.is_set():
                 raise _ImportCancelled
-            lines.put(json.dumps({"event": "progress", "phase": phase, "done": done, "total": total}))
+            phase = step
+            lines.put(json.dumps({"event": "progress", "phase": step, "done": done, "total": total}))
 
         def work() -> None:
             try:
@@ -306,10 +364,12 @@ class Service:
                 logger.info("import cancelled: the client went away; nothing was imported")
             except KeymemError as exc:
                 lines.put(json.dumps({"event": "error", "error": {"code": exc.code, "message": exc.message}}))
-            except Exception:
+            except Exception as exc:
                 logger.exception("import failed")
-                lines.put(json.dumps({"event": "error", "error": {"code": "internal",
-                                                                  "message": "the import failed; see the log"}}))
+                lines.put(json.dumps({"event": "error", "error": {
+                    "code": "internal",
+                    "message": f"the import failed after the step {phase!r}: {type(exc).__name__}: {exc} "
+                               "(nothing was imported; the log has the traceback)"}}))
             finally:
                 lines.put(None)
 
@@ -330,13 +390,10 @@ class Service:
     def backup(self) -> str | None:
         """An online backup under <data>/backups, keeping the newest ``backup_keep``."""
         graph = self.graph
-        if graph is None:
-            return None
-        stamp = datetime.fromtimestamp(self.clock(), timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        target = self.settings.backup_dir / f"keymem-{stamp}.db"
+        if graph is None or graph.store.check_files() is not None:
+            return None  # a store deleted under the daemon is saved once, by watch_store
+        target = self.settings.backup_dir / f"keymem-{backups.stamp(self.clock())}.db"
         graph.store.backup_to(target)
-        backups = sorted(self.settings.backup_dir.glob("keymem-2*.db"))
-        for old in backups[: max(0, len(backups) - self.settings.backup_keep)]:
-            old.unlink(missing_ok=True)
+        backups.rotate(self.settings.backup_dir, self.settings.backup_keep, _memories_held(graph))
         logger.info("backup written to %s", target)
         return str(target)

@@ -121,6 +121,11 @@ CONFIRM_DEPTH: Final = 0.05
 DEEP_DEPTH: Final = 0.7
 EVIDENCE_KINDS: Final = ("user", "authoritative_source", "observation")
 ID_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
+MAX_SOURCE_CHARS: Final = 4000
+"""The provenance a caller may attach to a write (``source``), as JSON."""
+MAX_STORED_SOURCE_CHARS: Final = MAX_SOURCE_CHARS + 1000
+"""A stored ``source``: the caller's plus the stamp keymem adds (session, tool, time, host,
+batch id: about 300 characters)."""
 # The meta row listing the loanwords the store's index was cut with (``Analyzer.learn``).
 VOCABULARY_META: Final = "learned_words"
 # The fingerprint of a store whose re-embedding for a new model has begun but not ended.
@@ -219,6 +224,27 @@ def vector_from(blob: bytes) -> npt.NDArray[np.float32]:
     return np.frombuffer(blob, dtype=np.float32)
 
 
+# Every stored vector is L2-normalised (or zero, for a text the embedder cannot read); float32
+# rounding keeps a unit vector's squared length within about 1e-6 of 1.
+_UNIT_TOLERANCE: Final = 1e-3
+
+
+def vector_problem(blob: object, dim: int) -> str | None:
+    """Why ``blob`` is not a vector of a ``dim``-dimensional embedder (None: it is one)."""
+    if not isinstance(blob, bytes):
+        return f"is a {type(blob).__name__}, not float32 bytes"
+    if len(blob) != dim * 4:
+        return f"is {len(blob)} bytes, but a vector of this embedder is {dim * 4} bytes ({dim} float32 values)"
+    vector = np.frombuffer(blob, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        square = float(vector @ vector)
+    if not math.isfinite(square):
+        return "holds values that are not finite numbers (NaN or infinity)"
+    if square > _UNIT_TOLERANCE and abs(square - 1.0) > _UNIT_TOLERANCE:
+        return f"has length {math.sqrt(square):.3g}, but vectors are unit length"
+    return None
+
+
 def parse_observed_at(value: object, *, field: str = "observed_at") -> float | None:
     """An ISO-8601 date or datetime, or epoch seconds; naive times are taken as UTC."""
     if value is None:
@@ -283,6 +309,15 @@ class KeyCounts:
         return self.counts.get(key_id, 0)
 
 
+@dataclass(slots=True)
+class _BatchKeys:
+    """The keys one write transaction has resolved so far: those it created (not in the index
+    until COMMIT), and every key text it used, normalised, with the key it landed on."""
+
+    pending: list[PendingKey] = dataclasses.field(default_factory=list)
+    by_norm: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
 class MemoryGraph:
     """The engine. Thread-safe: writes go through the store's writer, reads are snapshots."""
 
@@ -321,6 +356,8 @@ class MemoryGraph:
         )
         # Identifies this daemon run in each memory's provenance.
         self.instance = str(uuid.uuid4())
+        # What opening the store repaired (duplicate keys, malformed vectors), for status.
+        self.repairs: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -341,6 +378,7 @@ class MemoryGraph:
             graph = cls(store, embedder, settings, clock=clock, analyzer=analyzer, reranker=reranker)
             graph._ensure_embedding_space(progress)
             graph._load_vocabulary()
+            graph._merge_duplicate_keys()
             graph._load_indexes()
         except BaseException:
             store.close()
@@ -368,8 +406,15 @@ class MemoryGraph:
 
         Rows are streamed straight into the preallocated matrices: holding every vector
         blob at once (fetchall) doubled the peak memory of a large store, and the process
-        kept that peak as its resident size."""
+        kept that peak as its resident size. A row whose vector is malformed (wrong size,
+        NaN, not unit length: an import before imports checked them) is not loaded as it
+        is -- it would stop the start or poison every cosine -- but re-embedded from its text
+        (``_quarantine``)."""
         started = time.perf_counter()
+        dim = self.embedder.dim
+        bad_keys: list[tuple[KeyInfo, str]] = []
+        bad_bodies: list[tuple[str, str, str, bool]] = []
+        problems: set[str] = set()
 
         def load(conn: sqlite3.Connection) -> tuple[int, int]:
             aliases: dict[str, list[tuple[str, str]]] = {}
@@ -381,17 +426,32 @@ class MemoryGraph:
             for key_id, concept, compact, key_type, blob in conn.execute(
                     "SELECT id, concept, compact, key_type, vector FROM keys"):
                 alias_rows = aliases.get(key_id, [])
-                self.keys.put(KeyInfo(
+                info = KeyInfo(
                     id=key_id, concept=concept, key_type=key_type, compact=compact,
                     aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
-                    link_count=counts.get(key_id, 0)), vector_from(blob))
+                    link_count=counts.get(key_id, 0))
+                problem = vector_problem(blob, dim)
+                if problem is not None:
+                    bad_keys.append((info, concept))
+                    problems.add(problem)
+                    continue
+                self.keys.put(info, vector_from(blob))
                 keys += 1
             live = "superseded_by IS NULL AND vector IS NOT NULL"
             self.bodies.reserve(conn.execute(f"SELECT COUNT(*) FROM memories WHERE {live}").fetchone()[0])
             bodies = 0
-            for memory_id, namespace, blob in conn.execute(f"SELECT id, namespace, vector FROM memories WHERE {live}"):
-                self.bodies.upsert(memory_id, vector_from(blob), self.namespace_code(namespace))
-                bodies += 1
+            for memory_id, namespace, blob, superseded, content in conn.execute(
+                    "SELECT id, namespace, vector, superseded_by IS NOT NULL, "
+                    f"CASE WHEN length(vector) != {dim * 4} THEN content END FROM memories WHERE vector IS NOT NULL"):
+                problem = vector_problem(blob, dim)
+                if problem is not None:
+                    text = content if content is not None else conn.execute(
+                        "SELECT content FROM memories WHERE id = ?", (memory_id,)).fetchone()[0]
+                    bad_bodies.append((memory_id, namespace, text, bool(superseded)))
+                    problems.add(problem)
+                elif not superseded:
+                    self.bodies.upsert(memory_id, vector_from(blob), self.namespace_code(namespace))
+                    bodies += 1
             self.counts.add_counts(conn.execute(
                 "SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
                 "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace").fetchall())
@@ -401,7 +461,85 @@ class MemoryGraph:
             return keys, bodies
 
         keys, bodies = self.store.read(load)
+        if bad_keys or bad_bodies:
+            self._quarantine(bad_keys, bad_bodies, problems)
         logger.info("loaded %d keys and %d memory vectors in %.2f s", keys, bodies, time.perf_counter() - started)
+
+    def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
+                    problems: set[str]) -> None:
+        """Re-embed the keys and memories whose stored vector is malformed, from their text,
+        and say so (log and ``repairs``)."""
+        vectors = self.embedder.embed([text for _, text in bad_keys] + [text for _, _, text, _ in bad_bodies])
+        key_vectors, body_vectors = vectors[:len(bad_keys)], vectors[len(bad_keys):]
+        key_rows = [(vector_bytes(v), info.id) for (info, _), v in zip(bad_keys, key_vectors, strict=True)]
+        body_rows = [(vector_bytes(v), mid) for (mid, *_), v in zip(bad_bodies, body_vectors, strict=True)]
+
+        def update(tx: Tx) -> None:
+            tx.conn.executemany("UPDATE keys SET vector = ? WHERE id = ?", key_rows)
+            tx.conn.executemany("UPDATE memories SET vector = ? WHERE id = ?", body_rows)
+
+        self.store.write(update)
+        for (info, _), vector in zip(bad_keys, key_vectors, strict=True):
+            self.keys.put(info, vector)
+        for (memory_id, namespace, _, superseded), vector in zip(bad_bodies, body_vectors, strict=True):
+            if not superseded:
+                self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
+        ids = [info.id for info, _ in bad_keys] + [mid for mid, *_ in bad_bodies]
+        note = (f"{len(bad_keys)} key vector(s) and {len(bad_bodies)} memory vector(s) in the store were malformed "
+                f"(a vector {'; another '.join(sorted(problems))}); they were re-embedded from their text "
+                f"(ids: {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''})")
+        logger.warning("%s", note)
+        self.repairs.append(note)
+
+    def _merge_duplicate_keys(self) -> None:
+        """One-time repair: keys with the same normalised text become one. Before
+        ``remember_batch`` resolved keys against those its own earlier items created, a batch
+        whose items shared a new key made one key per item. The oldest key stays; the others'
+        links (the stronger weight wins), aliases and alias candidates move to it."""
+        groups = self.store.read(lambda c: [r[0] for r in c.execute(
+            "SELECT norm FROM keys GROUP BY norm HAVING COUNT(*) > 1").fetchall()])
+        if not groups:
+            return
+
+        def merge(tx: Tx) -> tuple[int, int]:
+            conn = tx.conn
+            merged = 0
+            memories: set[str] = set()
+            for norm in groups:
+                rows = conn.execute("SELECT id, key_type FROM keys WHERE norm = ? ORDER BY created_at, rowid",
+                                    (norm,)).fetchall()
+                keep, duplicates = rows[0]["id"], [r["id"] for r in rows[1:]]
+                entity = next((r["key_type"] for r in rows if r["key_type"] != "concept"), None)
+                if entity is not None and rows[0]["key_type"] == "concept":
+                    conn.execute("UPDATE keys SET key_type = ? WHERE id = ?", (entity, keep))
+                for dup in duplicates:
+                    memories.update(r[0] for r in conn.execute("SELECT memory_id FROM links WHERE key_id = ?", (dup,)))
+                    conn.execute(
+                        "INSERT INTO links(key_id, memory_id, weight, auto) "
+                        "SELECT ?, memory_id, weight, auto FROM links WHERE key_id = ? "
+                        "ON CONFLICT(key_id, memory_id) DO UPDATE SET weight = MAX(weight, excluded.weight), "
+                        "auto = MIN(auto, excluded.auto)", (keep, dup))
+                    conn.execute(
+                        "INSERT INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
+                        "SELECT ?, alias, norm, compact, learned, added_at, hits FROM aliases "
+                        "WHERE key_id = ? AND norm != ? "
+                        "ON CONFLICT(key_id, norm) DO UPDATE SET hits = hits + excluded.hits, "
+                        "learned = MIN(learned, excluded.learned)", (keep, dup, norm))
+                    conn.execute(
+                        "INSERT INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
+                        "SELECT ?, norm, query_text, count, last_seen FROM alias_candidates WHERE key_id = ? "
+                        "ON CONFLICT(key_id, norm) DO UPDATE SET count = count + excluded.count, "
+                        "last_seen = MAX(last_seen, excluded.last_seen)", (keep, dup))
+                    conn.execute("DELETE FROM keys WHERE id = ?", (dup,))  # its rows cascade
+                    merged += 1
+            self._reindex_keys_of(tx, sorted(memories))
+            return merged, len(memories)
+
+        merged, relinked = self.store.write(merge)
+        note = (f"merged {merged} duplicate key(s) into {len(groups)} (keys with the same text, as remember_batch "
+                f"made them before it shared new keys between its items); {relinked} memories relinked")
+        logger.warning("%s", note)
+        self.repairs.append(note)
 
     def _ensure_embedding_space(self, progress: Callable[[str, int, int], None] | None) -> None:
         """Stamp a new store with the embedder's fingerprint; re-embed when it changed."""
@@ -764,8 +902,8 @@ class MemoryGraph:
                     raise InvalidInput("source is not a JSON object", field="source") from None
             if not isinstance(source, dict):
                 raise InvalidInput("source must be an object", field="source")
-            if len(json.dumps(source)) > 4000:
-                raise InvalidInput("source is larger than 4000 characters", field="source")
+            if len(json.dumps(source)) > MAX_SOURCE_CHARS:
+                raise InvalidInput(f"source is larger than {MAX_SOURCE_CHARS} characters", field="source")
         return NewMemory(
             content=clean, keys=clean_keys, key_types=types, namespace=ns, ttl_seconds=ttl,
             decay_profile=profile, related_to=related, source=source,
@@ -819,6 +957,8 @@ class MemoryGraph:
             if replay is not None:
                 return replay
             out: list[BatchItem] = []
+            # Keys an earlier item created are not in the index before COMMIT: share them.
+            batch_keys = _BatchKeys()
             for index, (item, vectors) in enumerate(zip(items, prepared, strict=True)):
                 if isinstance(item, InvalidInput) or vectors is None:
                     error = item if isinstance(item, InvalidInput) else InvalidInput("invalid item")
@@ -827,7 +967,7 @@ class MemoryGraph:
                 source = self.stamp("remember_batch", host, item.source,
                                     {"batch_id": batch_id} if batch_id else None)
                 try:
-                    saved, dedup, _ = self._store_memory(tx, item, vectors, source)
+                    saved, dedup, _ = self._store_memory(tx, item, vectors, source, batch_keys)
                 except InvalidInput as exc:
                     # Raised before the item wrote anything (its references are checked first).
                     out.append(BatchItem(index=index, error=exc.message, field=exc.field))
@@ -886,7 +1026,7 @@ class MemoryGraph:
                                     vocabulary)
 
     def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
-                      source: dict[str, Any]) -> tuple[str, bool, list[KeyRef]]:
+                      source: dict[str, Any], batch: _BatchKeys | None = None) -> tuple[str, bool, list[KeyRef]]:
         """Insert one memory (or fold it into its identical twin) with its keys and links."""
         self._sync_vocabulary(tx)
         conn, now = tx.conn, self.clock()
@@ -908,7 +1048,7 @@ class MemoryGraph:
             with self._counting(tx, [memory_id]):
                 conn.execute(f"UPDATE memories SET {sets}, confirmation_count = confirmation_count + 1 "
                              f"WHERE id = ?", [*updates.values(), memory_id])
-                refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
+                refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
             self._add_relations(conn, memory_id, request.related_to)
             self._reindex_keys_of(tx, [memory_id])
             return memory_id, True, refs
@@ -923,7 +1063,7 @@ class MemoryGraph:
                  request.decay_profile, json.dumps(source, ensure_ascii=False),
                  None if request.ttl_seconds is None else now + request.ttl_seconds,
                  json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
-            refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys)
+            refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
         self._add_relations(conn, memory_id, request.related_to)
         self._index_memory(tx, memory_id, vectors.indexable(self.analyzer))
         body, code = vectors.body, self.namespace_code(request.namespace)
@@ -945,10 +1085,13 @@ class MemoryGraph:
 
     def _link_keys(self, tx: Tx, memory_id: str, keys: Sequence[str], key_types: Mapping[str, KeyType],
                    vectors: Mapping[str, npt.NDArray[np.float32]], weight: float = LINK_DEFAULT,
-                   auto: bool = False) -> list[KeyRef]:
-        """Resolve each key (reuse, merge or create) and link it to the memory."""
+                   auto: bool = False, batch: _BatchKeys | None = None) -> list[KeyRef]:
+        """Resolve each key (reuse, merge or create) and link it to the memory. ``batch``:
+        the keys earlier writes of the same transaction resolved, which the index does not
+        hold before COMMIT."""
         conn = tx.conn
-        pending: list[PendingKey] = []
+        batch = batch if batch is not None else _BatchKeys()
+        pending = batch.pending
         touched: set[str] = set()
         linked: list[str] = []
         pairs = self._translation_pairs(keys, key_types, vectors)
@@ -958,7 +1101,11 @@ class MemoryGraph:
         for key in keys:
             kind = key_types.get(key, "concept")
             partner = pairs.get(key)
-            if partner is not None and partner in resolved and self.keys.by_norm(normalize(key)) is None \
+            earlier = batch.by_norm.get(normalize(key))
+            if earlier is not None:
+                key_id = earlier
+                touched.add(key_id)
+            elif partner is not None and partner in resolved and self.keys.by_norm(normalize(key)) is None \
                     and not any(normalize(p.concept) == normalize(key) for p in pending):
                 key_id = resolved[partner]
                 self._add_alias(conn, key_id, key, learned=False)
@@ -981,6 +1128,7 @@ class MemoryGraph:
                         self._add_alias(conn, key_id, key, learned=False)
                 touched.add(key_id)
             resolved[key] = key_id
+            batch.by_norm[normalize(key)] = key_id
             if key_id not in linked:
                 linked.append(key_id)
         new_links = []
@@ -1210,7 +1358,7 @@ class MemoryGraph:
             conn.execute("UPDATE memories SET superseded_by = NULL WHERE id = ?", (restored,))
             self._index_memory(tx, restored)
             row = conn.execute("SELECT vector, namespace FROM memories WHERE id = ?", (restored,)).fetchone()
-            if row["vector"] is not None:
+            if row["vector"] is not None and vector_problem(row["vector"], self.embedder.dim) is None:
                 vec, code = vector_from(row["vector"]), self.namespace_code(row["namespace"])
                 tx.after_commit(lambda: self.bodies.upsert(restored, vec, code))
         for kid in key_ids:

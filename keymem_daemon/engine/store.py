@@ -9,12 +9,21 @@ show a write that was rolled back. Reads use one connection per thread, each rea
 own deferred transaction (a consistent snapshot).
 
 Migrations are an ordered list; ``PRAGMA user_version`` counts those applied, and each one
-commits together with its version bump. A database from a newer keymem is refused.
+commits together with its version bump. A database from a newer keymem is refused, and so is
+an SQLite file that is not a keymem store -- before anything (its journal mode included) is
+changed in it.
+
+The store remembers which file it opened (device and inode of ``keymem.db`` and its
+``-wal``/``-shm``): once one of them is deleted or replaced under a running daemon, a write
+would land in a file no path leads to any more, so ``write`` refuses with ``StoreError``
+(``lost``) instead of answering "saved".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -22,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from keymem_daemon.errors import StoreError
 
@@ -31,6 +40,14 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS: Final = 10_000
+# SQLite's primary result codes for a damaged file (``sqlite3.Error.sqlite_errorcode``), and
+# their messages (Python 3.10 has no error codes).
+_DAMAGED_CODES: Final = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+_DAMAGED_MESSAGES: Final = ("database disk image is malformed", "file is not a database")
+# The tables every keymem schema has had since the first: a file without them is not a store.
+_KEYMEM_TABLES: Final = frozenset({"meta", "keys", "memories", "links"})
+# The files SQLite keeps for one WAL database, by suffix.
+FILE_SUFFIXES: Final = ("", "-wal", "-shm")
 # Values bound per ``IN (...)`` list: SQLite caps a statement's parameters (999 on older builds).
 _IN_CHUNK: Final = 500
 
@@ -186,8 +203,10 @@ MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
-def _connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
-    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+def _connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
+    # Only the writer may create the file: a reader opened after keymem.db was deleted must
+    # fail, not make an empty database at the path.
+    uri = f"file:{path}" if create else f"file:{path}?mode=rw"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
                            timeout=BUSY_TIMEOUT_MS / 1000)
     conn.row_factory = sqlite3.Row
@@ -213,8 +232,14 @@ _SHUTDOWN: Final = object()
 class Store:
     """One SQLite database file, with its writer thread and per-thread readers."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, backup_dir: Path | None = None) -> None:
         self.path = path
+        self.backup_dir = backup_dir
+        # Whether open() found no database at the path (missing, or a zero-length file).
+        self.found: Literal["store", "missing", "empty"] = "store"
+        # Why writes are refused, once the opened file is no longer the one at the path.
+        self.lost: str | None = None
+        self._identity: dict[str, tuple[int, int]] = {}
         self._writer_conn = _connect(path)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._local = threading.local()
@@ -228,8 +253,16 @@ class Store:
         """Open (creating if needed) and migrate the database at ``path``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            store = cls(path)
+            size: int | None = path.stat().st_size
+        except FileNotFoundError:
+            size = None
+        store: Store | None = None
+        try:
+            store = cls(path, backup_dir=backup_dir)
+            store.found = "missing" if size is None else "empty" if size == 0 else "store"
             conn = store._writer_conn
+            # Read-only questions first: a file that is not a keymem store is left as it was.
+            _check_is_keymem(conn, path)
             # journal_mode cannot change inside a transaction; set it before anything else.
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
@@ -237,9 +270,48 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             migrate(conn, path, backup_dir=backup_dir)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+            if store is not None:
+                store._writer_conn.close()
+            raise StoreError(f"cannot open the store at {path}: {exc}{damage_hint(exc, backup_dir)}") from exc
+        except BaseException:
+            if store is not None:
+                store._writer_conn.close()
+            raise
+        store._remember_files()
         store._thread.start()
         return store
+
+    # -- the opened file -----------------------------------------------------------------
+
+    def _remember_files(self) -> None:
+        for suffix in FILE_SUFFIXES:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(f"{self.path}{suffix}")
+                self._identity[suffix] = (st.st_dev, st.st_ino)
+
+    def check_files(self) -> str | None:
+        """Why the files this store opened are no longer the ones at its path (None: they
+        are). Once a problem is seen it stays: the open handles point at the old file."""
+        if self.lost is not None:
+            return self.lost
+        for suffix in FILE_SUFFIXES:
+            name = f"{self.path}{suffix}"
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                if suffix not in self._identity:
+                    continue  # SQLite has not made it yet
+                what = "was deleted"
+            else:
+                known = self._identity.setdefault(suffix, (st.st_dev, st.st_ino))
+                if known == (st.st_dev, st.st_ino):
+                    continue
+                what = "was replaced by another file"
+            self.lost = (f"{name} {what} while keymemd was running; writes are refused, because "
+                         "they would go to a file no path leads to any more")
+            logger.error("%s", self.lost)
+            return self.lost
+        return None
 
     # -- writing -------------------------------------------------------------------------
 
@@ -249,6 +321,9 @@ class Store:
             raise RuntimeError("Store.write called from inside a write transaction")
         if self._closed:
             raise StoreError("the store is closed")
+        lost = self.check_files()
+        if lost is not None:
+            raise StoreError(lost)
         future: Future[T] = Future()
         self._queue.put((fn, future))
         return future.result()
@@ -274,7 +349,7 @@ class Store:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.DatabaseError):
-                    exc = StoreError(f"the store refused the write: {exc}")
+                    exc = StoreError(f"the store refused the write: {exc}{damage_hint(exc, self.backup_dir)}")
                 future.set_exception(exc)
                 continue
             for callback in tx._after:
@@ -296,7 +371,10 @@ class Store:
         if conn is None:
             if self._closed:
                 raise StoreError("the store is closed")
-            conn = _connect(self.path)
+            try:
+                conn = _connect(self.path, create=False)
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"cannot read the store at {self.path}: {exc}") from exc
             conn.execute("PRAGMA query_only = ON")
             self._local.conn = conn
             with self._readers_lock:
@@ -310,7 +388,7 @@ class Store:
         try:
             return fn(conn)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"the store refused a read: {exc}") from exc
+            raise StoreError(f"the store refused a read: {exc}{damage_hint(exc, self.backup_dir)}") from exc
         finally:
             conn.execute("COMMIT")
 
@@ -369,6 +447,34 @@ class Store:
 @dataclass(frozen=True, slots=True)
 class _Exclusive:
     run: Callable[[], None]
+
+
+def damage_hint(exc: sqlite3.Error, backup_dir: Path | None) -> str:
+    """For an error that says the file is damaged: where the backups are and how to restore."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    damaged = any(m in str(exc) for m in _DAMAGED_MESSAGES) if code is None else code & 0xFF in _DAMAGED_CODES
+    if backup_dir is None or not damaged:
+        return ""
+    return (f". The store file is damaged; backups are in {backup_dir}: `keymemd restore` puts the newest good "
+            "one back (it keeps the damaged file aside), `keymemd restore FILE` a given one")
+
+
+def keymem_tables_missing(tables: set[str]) -> list[str]:
+    """The tables of every keymem schema that a database with ``tables`` lacks."""
+    return sorted(_KEYMEM_TABLES - tables)
+
+
+def _check_is_keymem(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a database that is not a keymem store, asking only read-only questions."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if version == 0 and not tables:
+        return  # a new (or empty) file: it becomes a store
+    if keymem_tables_missing(tables):
+        shown = ", ".join(sorted(tables)[:5]) or "none"
+        raise StoreError(
+            f"{path} is an SQLite database but not a keymem store (schema version {version}, tables: {shown}); "
+            "it was left unchanged -- move it elsewhere, or point KEYMEM_DATA_DIR at another directory")
 
 
 def migrate(conn: sqlite3.Connection, path: Path, *, backup_dir: Path | None = None) -> None:

@@ -8,6 +8,10 @@ function of the text and the embedder, and importing re-embeds whatever is missi
 
 An import is validated as a whole before anything is written, then written in one
 transaction: a bad record names its place (``memories[12].namespace``) and changes nothing.
+Every record meets the limits a tool call meets (content length, key length, provenance
+size), and every vector it brings must be one of this embedder's (size, finite, unit
+length): a malformed one would make the running daemon answer nonsense and the next start
+fail.
 Records whose id already exists are skipped (a merge); an imported key whose text equals
 an existing key's lands on that key.
 """
@@ -15,25 +19,45 @@ an existing key's lands on that key.
 from __future__ import annotations
 
 import base64
+import binascii
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from keymem_daemon.engine.freshness import DECAY_PROFILES
-from keymem_daemon.engine.graph import MemoryGraph, dedup_hash, vector_bytes
-from keymem_daemon.engine.keys import KEY_TYPES
+from keymem_daemon.engine.graph import (
+    MAX_STORED_SOURCE_CHARS,
+    MemoryGraph,
+    dedup_hash,
+    vector_bytes,
+    vector_problem,
+)
+from keymem_daemon.engine.keys import KEY_TYPES, MAX_KEY_CHARS
 from keymem_daemon.engine.store import SCHEMA_VERSION, Tx
 from keymem_daemon.engine.text import normalize, normalize_namespace
-from keymem_daemon.errors import InvalidInput
+from keymem_daemon.errors import InvalidInput, KeymemError
 
 logger = logging.getLogger(__name__)
 
 FORMAT: Final = "keymem-export"
 VERSION: Final = 1
 EMBED_BATCH: Final = 256
+EMBED_BATCH_CHARS: Final = 64_000
+"""Characters of text per embedding call as well: the embedder serves one call at a time, so
+a chunk of long texts (each capped at ``EMBED_MAX_CHARS``) must not hold up other writes for
+long -- 32 capped texts of unbroken letters take about 4 s on a loaded core (measured)."""
+MAX_COUNT: Final = 2**53
+"""Largest count an import may carry (JSON's exact integers; SQLite's INTEGER holds more)."""
+MAX_TIME: Final = 253_402_300_799.0
+"""The last second datetime can show (9999-12-31T23:59:59Z): a later timestamp would break
+every answer that renders it."""
+LISTED_PROBLEMS: Final = 5
+"""How many over-limit records one refusal names."""
 
 Progress = Callable[[str, int, int], None]
 
@@ -110,6 +134,7 @@ class _Check:
 
     def number(self, name: str, *, optional: bool = False, default: float | None = None,
                low: float = -math.inf, high: float = math.inf) -> float | None:
+        """A finite number within ``[low, high]``."""
         value = self.record.get(name)
         if value is None:
             if optional:
@@ -121,6 +146,12 @@ class _Check:
             raise self.fail(name, f"must be within [{low}, {high}]")
         return float(value)
 
+    def count(self, name: str, *, default: int, low: int = 0) -> int:
+        return int(self.number(name, optional=True, default=default, low=low, high=MAX_COUNT) or 0)
+
+    def time(self, name: str, *, optional: bool = True, default: float | None = None) -> float | None:
+        return self.number(name, optional=optional, default=default, low=0.0, high=MAX_TIME)
+
     def obj(self, name: str) -> dict[str, Any] | None:
         value = self.record.get(name)
         if value is None:
@@ -128,6 +159,39 @@ class _Check:
         if not isinstance(value, dict):
             raise self.fail(name, "must be an object or null")
         return value
+
+    def vector(self) -> str | None:
+        value = self.record.get("vector")
+        if value is not None and not isinstance(value, str):
+            raise self.fail("vector", "must be a base64 string of float32 values, or null")
+        return value
+
+
+class _Limits:
+    """The limits of a tool call, applied to every imported record; all the records over
+    them are named in one refusal."""
+
+    def __init__(self) -> None:
+        self.problems: list[InvalidInput] = []
+
+    def length(self, where: str, name: str, value: str | None, limit: int, setting: str) -> None:
+        if value is not None and len(value) > limit:
+            self.problems.append(InvalidInput(
+                f"{where}.{name} is {len(value)} characters; the limit is {limit} ({setting})",
+                field=f"{where}.{name}"))
+
+    def source(self, where: str, name: str, value: dict[str, Any] | None) -> None:
+        self.length(where, name, json.dumps(value) if value is not None else None, MAX_STORED_SOURCE_CHARS,
+                    "as JSON")
+
+    def check(self) -> None:
+        if not self.problems:
+            return
+        first = self.problems[0]
+        shown = "; ".join(p.message for p in self.problems[:LISTED_PROBLEMS])
+        more = len(self.problems) - LISTED_PROBLEMS
+        raise InvalidInput(f"{len(self.problems)} record(s) are over the limits a tool call has, so nothing was "
+                           f"imported: {shown}{f'; and {more} more' if more > 0 else ''}", field=first.field)
 
 
 @dataclass(slots=True)
@@ -184,10 +248,11 @@ def _from_upstream(data: Mapping[str, Any]) -> dict[str, Any]:
             "relations": relations, "alias_candidates": []}
 
 
-def _validate(data: Mapping[str, Any], now: float) -> _Plan:
+def _validate(data: Mapping[str, Any], now: float, *, max_content_chars: int) -> _Plan:
     for name in ("keys", "memories", "links"):
         if not isinstance(data.get(name), list):
             raise InvalidInput(f"`{name}` must be an array", field=name)
+    limits = _Limits()
     keys, memories, links = [], [], []
     seen_keys: set[str] = set()
     for i, raw in enumerate(data["keys"]):
@@ -203,13 +268,14 @@ def _validate(data: Mapping[str, Any], now: float) -> _Plan:
         aliases = []
         for j, alias in enumerate(raw.get("aliases") or []):
             a = _Check(f"keys[{i}].aliases[{j}]", alias if isinstance(alias, Mapping) else {"alias": alias})
-            aliases.append({"alias": a.text("alias"), "learned": bool(a.record.get("learned")),
-                            "added_at": a.number("added_at", optional=True, default=now),
-                            "hits": int(a.number("hits", optional=True, default=0, low=0) or 0)})
-        vector = raw.get("vector")
-        keys.append({"id": kid, "concept": c.text("concept"), "key_type": kind,
-                     "created_at": c.number("created_at", optional=True, default=now),
-                     "aliases": aliases, "vector": vector if isinstance(vector, str) else None})
+            alias_text = a.text("alias")
+            limits.length(a.where, "alias", alias_text, MAX_KEY_CHARS, "as for a key")
+            aliases.append({"alias": alias_text, "learned": bool(a.record.get("learned")),
+                            "added_at": a.time("added_at", default=now), "hits": a.count("hits", default=0)})
+        concept = c.text("concept")
+        limits.length(c.where, "concept", concept, MAX_KEY_CHARS, "as for remember's keys")
+        keys.append({"id": kid, "concept": concept, "key_type": kind,
+                     "created_at": c.time("created_at", default=now), "aliases": aliases, "vector": c.vector()})
     seen_memories: set[str] = set()
     for i, raw in enumerate(data["memories"]):
         c = _Check(f"memories[{i}]", raw)
@@ -218,31 +284,35 @@ def _validate(data: Mapping[str, Any], now: float) -> _Plan:
         if mid in seen_memories:
             raise c.fail("id", f"repeats memory id {mid!r}")
         seen_memories.add(mid)
-        created = c.number("created_at", optional=True, default=now)
+        created = c.time("created_at", default=now)
         profile = raw.get("decay_profile") or "standard"
         if profile not in DECAY_PROFILES:
             raise c.fail("decay_profile", f"must be one of {', '.join(DECAY_PROFILES)}")
         namespace = raw.get("namespace")
         if namespace is not None and not isinstance(namespace, str):
             raise c.fail("namespace", "must be a string")
-        vector = raw.get("vector")
+        content = c.text("content")
+        limits.length(c.where, "content", content, max_content_chars, "KEYMEM_MAX_CONTENT_CHARS, as for remember")
+        provenance, confirmation_source = c.obj("source"), c.obj("last_confirmation_source")
+        limits.source(c.where, "source", provenance)
+        limits.source(c.where, "last_confirmation_source", confirmation_source)
         memories.append({
-            "id": mid, "content": c.text("content"), "namespace": normalize_namespace(namespace),
+            "id": mid, "content": content, "namespace": normalize_namespace(namespace),
             "depth": c.number("depth", optional=True, default=0.0, low=0.0, high=1.0),
-            "access_count": int(c.number("access_count", optional=True, default=0, low=0) or 0),
-            "created_at": created, "updated_at": c.number("updated_at", optional=True, default=created),
-            "last_accessed": c.number("last_accessed", optional=True),
-            "observed_at": c.number("observed_at", optional=True),
-            "last_confirmed_at": c.number("last_confirmed_at", optional=True, default=created),
-            "confirmation_count": int(c.number("confirmation_count", optional=True, default=1, low=1) or 1),
+            "access_count": c.count("access_count", default=0),
+            "created_at": created, "updated_at": c.time("updated_at", default=created),
+            "last_accessed": c.time("last_accessed"),
+            "observed_at": c.time("observed_at"),
+            "last_confirmed_at": c.time("last_confirmed_at", default=created),
+            "confirmation_count": c.count("confirmation_count", default=1, low=1),
             "decay_profile": profile,
             "last_confirmation_evidence": c.text("last_confirmation_evidence", optional=True),
-            "last_confirmation_source": c.obj("last_confirmation_source"),
+            "last_confirmation_source": confirmation_source,
             "last_confirmation_id": c.text("last_confirmation_id", optional=True),
-            "expires_at": c.number("expires_at", optional=True),
+            "expires_at": c.time("expires_at"),
             "supersedes": c.text("supersedes", optional=True),
             "superseded_by": c.text("superseded_by", optional=True),
-            "source": c.obj("source"), "vector": vector if isinstance(vector, str) else None,
+            "source": provenance, "vector": c.vector(),
         })
     for i, raw in enumerate(data["links"]):
         c = _Check(f"links[{i}]", raw)
@@ -266,8 +336,8 @@ def _validate(data: Mapping[str, Any], now: float) -> _Plan:
         c = _Check(f"alias_candidates[{i}]", raw)
         if c.text("key_id") in seen_keys:
             candidates.append({"key_id": raw["key_id"], "query_text": c.text("query_text"),
-                               "count": int(c.number("count", optional=True, default=1, low=0) or 0),
-                               "last_seen": c.number("last_seen", optional=True, default=now)})
+                               "count": c.count("count", default=1), "last_seen": c.time("last_seen", default=now)})
+    limits.check()
     return _Plan(keys, memories, links, relations, candidates)
 
 
@@ -284,30 +354,31 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
     else:
         raise InvalidInput("not a keymem export (format 'keymem-export') nor an upstream graph.json", field="format")
     now = graph.clock()
-    plan = _validate(shape, now)
+    plan = _validate(shape, now, max_content_chars=graph.settings.max_content_chars)
     report = progress or (lambda phase, done, total: None)
     same_space = shape.get("embedder") == graph.embedder.fingerprint
 
     key_vectors: dict[str, bytes] = {}
     todo = []
-    for k in plan.keys:
+    for i, k in enumerate(plan.keys):
         if same_space and k["vector"]:
-            key_vectors[k["id"]] = base64.b64decode(k["vector"])
+            key_vectors[k["id"]] = _vector(k["vector"], graph.embedder.dim, f"keys[{i}].vector")
         else:
             todo.append((k["id"], k["concept"]))
     body_vectors: dict[str, bytes] = {}
-    for m in plan.memories:
+    for i, m in enumerate(plan.memories):
         if same_space and m["vector"]:
-            body_vectors[m["id"]] = base64.b64decode(m["vector"])
+            body_vectors[m["id"]] = _vector(m["vector"], graph.embedder.dim, f"memories[{i}].vector")
         else:
             todo.append((m["id"], m["content"]))
     total = len(todo)
     key_ids = {k["id"] for k in plan.keys}
-    for start in range(0, total, EMBED_BATCH):
-        chunk = todo[start:start + EMBED_BATCH]
+    embedded = 0
+    for chunk in _embedding_chunks(todo):
         for (item_id, _), vector in zip(chunk, graph.embedder.embed([text for _, text in chunk]), strict=True):
             (key_vectors if item_id in key_ids else body_vectors)[item_id] = vector_bytes(vector)
-        report("embedding", min(total, start + EMBED_BATCH), total)
+        embedded += len(chunk)
+        report("embedding", embedded, total)
     # Loanwords the imported keys teach are learned before any text is cut.
     concept_of = {k["id"]: k["concept"] for k in plan.keys}
     keys_of: dict[str, list[str]] = {}
@@ -334,6 +405,43 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
     return result
 
 
+def _vector(text: str, dim: int, where: str) -> bytes:
+    """An imported vector's bytes, if they are a vector of this embedder."""
+    try:
+        blob = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"{where} is not valid base64", field=where) from None
+    problem = vector_problem(blob, dim)
+    if problem is not None:
+        raise InvalidInput(f"{where} {problem}; drop the field to have it embedded again", field=where)
+    return blob
+
+
+def _embedding_chunks(todo: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    """``todo`` in chunks of at most ``EMBED_BATCH`` texts and about ``EMBED_BATCH_CHARS``."""
+    chunk: list[tuple[str, str]] = []
+    chars = 0
+    for item in todo:
+        if chunk and (len(chunk) == EMBED_BATCH or chars + len(item[1]) > EMBED_BATCH_CHARS):
+            yield chunk
+            chunk, chars = [], 0
+        chunk.append(item)
+        chars += len(item[1])
+    if chunk:
+        yield chunk
+
+
+@contextlib.contextmanager
+def _record(where: str) -> Iterator[None]:
+    """Name the record whose write failed (the transaction rolls back)."""
+    try:
+        yield
+    except KeymemError:
+        raise
+    except (sqlite3.Error, ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"{where} cannot be stored: {exc}", field=where) from exc
+
+
 def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, bytes],
            body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
     graph._sync_vocabulary(tx)
@@ -341,54 +449,29 @@ def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, by
     key_map: dict[str, str] = {}
     imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
     skipped = {"keys": 0, "memories": 0}
-    for k in plan.keys:
-        existing = conn.execute("SELECT id FROM keys WHERE id = ? OR norm = ? ORDER BY id = ? DESC LIMIT 1",
-                                (k["id"], normalize(k["concept"]), k["id"])).fetchone()
-        if existing is not None:
-            key_map[k["id"]] = existing[0]
-            skipped["keys"] += 1
-        else:
-            key_map[k["id"]] = k["id"]
-            conn.execute("INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
-                          k["key_type"], key_vectors[k["id"]], k["created_at"]))
-            imported["keys"] += 1
-        for a in k["aliases"]:
-            if normalize(a["alias"]) == normalize(k["concept"]):
-                continue
-            conn.execute("INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
-                          int(a["learned"]), a["added_at"], a["hits"]))
+    for i, k in enumerate(plan.keys):
+        with _record(f"keys[{i}]"):
+            _write_key(graph, conn, k, key_vectors, key_map, imported, skipped)
     new_memories: set[str] = set()
-    for m in plan.memories:
-        if conn.execute("SELECT 1 FROM memories WHERE id = ?", (m["id"],)).fetchone():
-            skipped["memories"] += 1
-            continue
-        new_memories.add(m["id"])
-        values = {name: m[name] for name in _MEMORY_FIELDS}
-        for name in ("source", "last_confirmation_source"):
-            values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
-        columns = ", ".join([*_MEMORY_FIELDS, "dedup_hash", "vector"])
-        marks = ", ".join("?" * (len(_MEMORY_FIELDS) + 2))
-        conn.execute(f"INSERT INTO memories({columns}) VALUES ({marks})",
-                     [*values.values(), dedup_hash(m["content"]), body_vectors[m["id"]]])
-        imported["memories"] += 1
-    for link in plan.links:
+    for i, m in enumerate(plan.memories):
+        with _record(f"memories[{i}]"):
+            _write_memory(conn, m, body_vectors, new_memories, imported, skipped)
+    for i, link in enumerate(plan.links):
         if link["memory_id"] not in new_memories:
             continue
-        cur = conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
-                           (key_map[link["key_id"]], link["memory_id"], link["weight"], int(link["auto"])))
+        with _record(f"links[{i}]"):
+            cur = conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
+                               (key_map[link["key_id"]], link["memory_id"], link["weight"], int(link["auto"])))
         imported["links"] += cur.rowcount
     for a, b in plan.relations:
         if a in new_memories:
             imported["relations"] += conn.execute(
                 "INSERT OR IGNORE INTO relations(from_id, to_id) VALUES (?, ?)", (a, b)).rowcount
-    for c in plan.candidates:
-        conn.execute("INSERT OR IGNORE INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
-                     "VALUES (?, ?, ?, ?, ?)",
-                     (key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"], c["last_seen"]))
+    for i, c in enumerate(plan.candidates):
+        with _record(f"alias_candidates[{i}]"):
+            conn.execute("INSERT OR IGNORE INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
+                         "VALUES (?, ?, ?, ?, ?)", (key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"],
+                                                   c["count"], c["last_seen"]))
     # A supersession pointing outside the store would hide a memory forever: drop it.
     conn.execute("UPDATE memories SET superseded_by = NULL WHERE superseded_by IS NOT NULL AND "
                  "superseded_by NOT IN (SELECT id FROM memories)")
@@ -398,3 +481,41 @@ def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, by
             graph._index_memory(tx, mid, tokens.get(mid))
     return {"imported": imported, "skipped": skipped}
 
+
+def _write_key(graph: MemoryGraph, conn: sqlite3.Connection, k: Mapping[str, Any], key_vectors: Mapping[str, bytes],
+               key_map: dict[str, str], imported: dict[str, int], skipped: dict[str, int]) -> None:
+    existing = conn.execute("SELECT id FROM keys WHERE id = ? OR norm = ? ORDER BY id = ? DESC LIMIT 1",
+                            (k["id"], normalize(k["concept"]), k["id"])).fetchone()
+    if existing is not None:
+        key_map[k["id"]] = existing[0]
+        skipped["keys"] += 1
+    else:
+        key_map[k["id"]] = k["id"]
+        conn.execute("INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
+                      k["key_type"], key_vectors[k["id"]], k["created_at"]))
+        imported["keys"] += 1
+    for a in k["aliases"]:
+        if normalize(a["alias"]) == normalize(k["concept"]):
+            continue
+        conn.execute("INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
+                      int(a["learned"]), a["added_at"], a["hits"]))
+
+
+def _write_memory(conn: sqlite3.Connection, m: Mapping[str, Any], body_vectors: Mapping[str, bytes],
+                  new_memories: set[str], imported: dict[str, int], skipped: dict[str, int]) -> None:
+    if conn.execute("SELECT 1 FROM memories WHERE id = ?", (m["id"],)).fetchone():
+        skipped["memories"] += 1
+        return
+    new_memories.add(m["id"])
+    values = {name: m[name] for name in _MEMORY_FIELDS}
+    for name in ("source", "last_confirmation_source"):
+        values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
+    columns = ", ".join([*_MEMORY_FIELDS, "dedup_hash", "vector"])
+    marks = ", ".join("?" * (len(_MEMORY_FIELDS) + 2))
+    conn.execute(f"INSERT INTO memories({columns}) VALUES ({marks})",
+                 [*values.values(), dedup_hash(m["content"]), body_vectors[m["id"]]])
+    imported["memories"] += 1

@@ -19,7 +19,7 @@ from keymem_daemon.config import Settings
 pytestmark = pytest.mark.timeout(60)
 
 COMMANDS = {"start", "stop", "status", "run", "logs", "install-service", "export", "import",
-            "ui", "search", "show", "forget", "keys", "activity"}
+            "ui", "search", "show", "forget", "keys", "activity", "restore"}
 REPORTING = COMMANDS - {"run"}
 HEAVY = (
     "numpy",

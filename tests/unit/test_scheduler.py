@@ -23,7 +23,7 @@ class FakeService:
     """Counts the calls the scheduler makes; ``fail`` makes a job raise."""
 
     def __init__(self) -> None:
-        self.calls: dict[str, int] = {"cleanup": 0, "checkpoint": 0, "backup": 0}
+        self.calls: dict[str, int] = {"cleanup": 0, "checkpoint": 0, "backup": 0, "watch": 0}
         self.fail: set[str] = set()
         self.lock = threading.Lock()
 
@@ -44,6 +44,9 @@ class FakeService:
         self._hit("backup")
         return None
 
+    def watch_store(self) -> None:
+        self._hit("watch")
+
 
 def _settings(tmp_path: Path, **changes: Any) -> Settings:
     return Settings.from_env({"HOME": str(tmp_path), "KEYMEM_DATA_DIR": str(tmp_path / "data")}).replace(**changes)
@@ -58,13 +61,13 @@ def test_jobs_follow_the_settings(tmp_path: Path) -> None:
     m = _maintenance(FakeService(), _settings(tmp_path), **idle)
     m.start()
     try:
-        assert m.job_ids == ["backup", "checkpoint", "cleanup"]
+        assert m.job_ids == ["backup", "checkpoint", "cleanup", "watch"]
     finally:
         m.shutdown()
     m = _maintenance(FakeService(), _settings(tmp_path, backup_interval=0, idle_exit=60), **idle)
     m.start()
     try:
-        assert m.job_ids == ["checkpoint", "cleanup", "idle"]
+        assert m.job_ids == ["checkpoint", "cleanup", "idle", "watch"]
     finally:
         m.shutdown()
 
