@@ -299,6 +299,9 @@ def existing_locomo(data: Path, convs: Sequence[int]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="test", choices=("test", "dev", "all"))
+    parser.add_argument("--set", type=Path, default=FIXTURES, dest="set_dir",
+                        help="the folder holding push_projects/memories/prompts.jsonl (default: this "
+                             "repository's; tests/fixtures/push_heldout is a second writer's set, all test)")
     parser.add_argument("--top-k", type=int, default=keymem_hook.DEFAULT_TOP_K,
                         help="memories per prompt (default: the hook's)")
     parser.add_argument("--with-existing", action=argparse.BooleanOptionalAction, default=True,
@@ -311,9 +314,9 @@ def main() -> None:
                         help="per-prompt results")
     args = parser.parse_args()
     started = time.perf_counter()
-    projects = read_jsonl(FIXTURES / "push_projects.jsonl")
-    memories = read_jsonl(FIXTURES / "push_memories.jsonl")
-    prompts = [p for p in read_jsonl(FIXTURES / "push_prompts.jsonl") if args.split in ("all", p["split"])]
+    projects = read_jsonl(args.set_dir / "push_projects.jsonl")
+    memories = read_jsonl(args.set_dir / "push_memories.jsonl")
+    prompts = [p for p in read_jsonl(args.set_dir / "push_prompts.jsonl") if args.split in ("all", p["split"])]
     mapping = namespace_map(projects)
 
     data_dir = Path(tempfile.mkdtemp(prefix="keymem-push-"))
