@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from keymem_daemon.engine.store import Store, Tx
+from keymem_daemon.store.sqlite.database import Store, Tx
 
 logger = logging.getLogger(__name__)
 

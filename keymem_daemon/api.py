@@ -50,7 +50,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from keymem_daemon import __version__, runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import Host
-from keymem_daemon.engine.model import render
+from keymem_daemon.engine.records import render
 from keymem_daemon.errors import (
     ForbiddenOrigin,
     InvalidInput,

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Final
 
-from keymem_daemon.engine.store import FILE_SUFFIXES, SCHEMA_VERSION, keymem_tables_missing
+from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, SCHEMA_VERSION, keymem_tables_missing
 
 logger = logging.getLogger(__name__)
 

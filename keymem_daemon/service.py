@@ -23,7 +23,7 @@ from keymem_daemon import activity_log, backups, instructions, tools, transcript
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph, get_memory
-from keymem_daemon.engine.model import IdempotencyKey, render
+from keymem_daemon.engine.records import IdempotencyKey, render
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
 
 logger = logging.getLogger(__name__)
@@ -89,9 +89,9 @@ class Service:
     def load(self) -> None:
         """Load the embedder and the store (blocking; the daemon runs it in a thread)."""
         from keymem_daemon.engine.text import default_analyzer
-        from keymem_daemon.models.download import DownloadProgress
-        from keymem_daemon.models.embedders import CachedEmbedder, load_embedder_or_default, single_threaded_blas
-        from keymem_daemon.models.reranker import RerankerManager
+        from keymem_daemon.inference.download import DownloadProgress
+        from keymem_daemon.inference.embedders import CachedEmbedder, load_embedder_or_default, single_threaded_blas
+        from keymem_daemon.inference.reranker import RerankerManager
 
         started = time.perf_counter()
         single_threaded_blas()

@@ -21,7 +21,7 @@ from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MAX_TTL_SECONDS, Host, MemoryGraph
-from keymem_daemon.engine.model import IdempotencyKey, NewMemory, Replayed, render
+from keymem_daemon.engine.records import IdempotencyKey, NewMemory, Replayed, render
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 logger = logging.getLogger(__name__)

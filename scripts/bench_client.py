@@ -46,7 +46,7 @@ class InProcess:
         return outcome.result
 
     def inject(self, body: dict[str, Any]) -> Any:
-        from keymem_daemon.engine.model import render
+        from keymem_daemon.engine.records import render
         from keymem_daemon.service import InjectRequest
 
         return render(self.service.inject(InjectRequest(**body)))

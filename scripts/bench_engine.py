@@ -47,7 +47,7 @@ def build(size: int) -> tuple[Path, float]:
     from keymem_daemon.config import Settings
     from keymem_daemon.engine import transfer
     from keymem_daemon.engine.graph import MemoryGraph
-    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
+    from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
 
     single_threaded_blas()
     data = Path(tempfile.mkdtemp(prefix=f"keymem-bench-{size}-"))
@@ -66,7 +66,7 @@ def measure(data: Path, ops: int) -> dict[str, Any]:
     from keymem_daemon.config import Settings
     from keymem_daemon.engine import retrieval
     from keymem_daemon.engine.graph import MemoryGraph
-    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
+    from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
 
     # As the daemon does: allocator settings, one BLAS thread, the piece table on disk.
     allocators.configure()

@@ -131,7 +131,7 @@ def main() -> None:
         print(f"stored {len(id_map)} facts in {stored - started:.1f} s", file=sys.stderr)
 
         from keymem_daemon.engine.text import default_analyzer
-        from keymem_daemon.models.embedders import UseEmbedder
+        from keymem_daemon.inference.embedders import UseEmbedder
 
         analyzer = default_analyzer()
         embedder = UseEmbedder()

@@ -50,8 +50,8 @@ def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[
     from keymem_daemon.config import Settings
     from keymem_daemon.engine import push, retrieval
     from keymem_daemon.engine.graph import MemoryGraph
-    from keymem_daemon.models.embedders import CachedEmbedder, UseEmbedder
-    from keymem_daemon.models.reranker import RerankerManager
+    from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
+    from keymem_daemon.inference.reranker import RerankerManager
 
     config = Settings(data_dir=data, rerank_model_path=model, **settings)
     manager = None

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from keymem_daemon.config import Settings  # noqa: E402
 from keymem_daemon.engine.keys import conflicting_qualifiers, cross_script  # noqa: E402
-from keymem_daemon.models.embedders import load_embedder  # noqa: E402
+from keymem_daemon.inference.embedders import load_embedder  # noqa: E402
 
 PAIRS = ROOT / "tests" / "fixtures" / "key_pairs.tsv"
 

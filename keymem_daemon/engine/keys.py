@@ -25,7 +25,7 @@ import numpy.typing as npt
 from keymem_daemon.engine.text import is_short_concept, is_single_cjk, normalize, script_of, strip_invisible
 from keymem_daemon.engine.vectors import Snapshot, VectorTable
 from keymem_daemon.errors import InvalidInput
-from keymem_daemon.models.embedders import ThresholdProfile
+from keymem_daemon.inference.embedders import ThresholdProfile
 
 KeyType = Literal["concept", "name", "proper_noun"]
 KEY_TYPES: Final[tuple[KeyType, ...]] = ("concept", "name", "proper_noun")

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from keymem_daemon.engine.model import KeyRef
+from keymem_daemon.engine.records import KeyRef
 from keymem_daemon.engine.retrieval import MIN_CORPUS, Scope, hybrid_recall, links_of, plan_query, sigmoid
 from keymem_daemon.engine.text import STOPWORDS, has_hangul, normalize, script_of, sound_skeleton, truncate
 

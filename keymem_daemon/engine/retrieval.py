@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keymem_daemon.engine.dates import Window, find_window
-from keymem_daemon.engine.model import (
+from keymem_daemon.engine.records import (
     CompactKey,
     ConnectedKey,
     Hit,
@@ -44,7 +44,7 @@ from keymem_daemon.engine.model import (
     Preview,
     RecallResult,
 )
-from keymem_daemon.engine.store import rows_in
+from keymem_daemon.store.sqlite.database import rows_in
 from keymem_daemon.engine.text import (
     CONTENT_WORDS,
     Word,

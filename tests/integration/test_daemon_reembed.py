@@ -26,7 +26,7 @@ from fake_hub import minilm_files, model_dir
 from keymem_daemon import runtime
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import DaemonNotRunning
-from keymem_daemon.models.embedders import load_embedder
+from keymem_daemon.inference.embedders import load_embedder
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -31,14 +31,14 @@ from fake_hub import (
 
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import ModelError
-from keymem_daemon.models import download
-from keymem_daemon.models.download import (
+from keymem_daemon.inference import download
+from keymem_daemon.inference.download import (
     MANIFEST_NAME,
     DownloadProgress,
     ensure_model,
     missing_files,
 )
-from keymem_daemon.models.embedders import (
+from keymem_daemon.inference.embedders import (
     BGE_M3_PROFILE,
     BGE_M3_SPEC,
     OnnxEmbedder,
@@ -46,7 +46,7 @@ from keymem_daemon.models.embedders import (
     load_embedder,
     load_embedder_or_default,
 )
-from keymem_daemon.models.reranker import RERANKER_SPEC, OnnxReranker, RerankerManager
+from keymem_daemon.inference.reranker import RERANKER_SPEC, OnnxReranker, RerankerManager
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -44,7 +44,7 @@ def test_the_korean_english_set_keeps_its_recall_and_its_silence_on_unanswerable
                     reason=f"LoCoMo test data not found at {bench_locomo.DEFAULT_DATA} (kept outside the repo)")
 def test_one_locomo_conversation_keeps_keymem_ahead_of_the_flat_baselines(tmp_path: Path) -> None:
     from keymem_daemon.engine.text import default_analyzer
-    from keymem_daemon.models.embedders import UseEmbedder
+    from keymem_daemon.inference.embedders import UseEmbedder
 
     facts, questions = bench_locomo.load(bench_locomo.DEFAULT_DATA, [0])
     rows: list[dict[str, Any]] = []

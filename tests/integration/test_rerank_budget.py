@@ -25,8 +25,8 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine import push, retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import normalize
-from keymem_daemon.models.embedders import CachedEmbedder, Embedder, UseEmbedder
-from keymem_daemon.models.reranker import OnnxReranker, RerankerManager
+from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
+from keymem_daemon.inference.reranker import OnnxReranker, RerankerManager
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,7 @@ from engine_helpers import FakeClock, GraphFactory, Tools, open_graph
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.text import Analyzer, default_analyzer
-from keymem_daemon.models.embedders import CachedEmbedder, Embedder, UseEmbedder
+from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import conflicting_qualifiers, sanitize_keys
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput
-from keymem_daemon.models.embedders import Embedder
+from keymem_daemon.inference.embedders import Embedder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,7 +23,7 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer
 from keymem_daemon.engine.graph import VOCABULARY_META, MemoryGraph
 from keymem_daemon.engine.text import Analyzer
-from keymem_daemon.models.embedders import Embedder
+from keymem_daemon.inference.embedders import Embedder
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,11 +15,11 @@ from engine_helpers import FakeClock, key_id, link_weight, open_graph, remember,
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.model import CorrectResult
-from keymem_daemon.engine.store import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate, rows_in
+from keymem_daemon.engine.records import CorrectResult
+from keymem_daemon.store.sqlite.database import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate, rows_in
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.errors import InvalidInput, StoreError
-from keymem_daemon.models.embedders import Embedder
+from keymem_daemon.inference.embedders import Embedder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,7 +117,7 @@ def test_a_failing_migration_rolls_back_and_stays_pending(tmp_path: Path) -> Non
         c.execute("CREATE TABLE half_done (x)")
         raise RuntimeError("migration failed midway")
 
-    import keymem_daemon.engine.store as store_module
+    import keymem_daemon.store.sqlite.database as store_module
 
     original = store_module.MIGRATIONS
     store_module.MIGRATIONS = (broken,)  # type: ignore[misc]

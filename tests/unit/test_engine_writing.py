@@ -23,7 +23,7 @@ from engine_helpers import (
 
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.model import ForgetResult
+from keymem_daemon.engine.records import ForgetResult
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 pytestmark = pytest.mark.timeout(60)

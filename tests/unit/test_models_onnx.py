@@ -16,7 +16,7 @@ import pytest
 
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import ModelError
-from keymem_daemon.models.download import (
+from keymem_daemon.inference.download import (
     MANIFEST_NAME,
     DownloadProgress,
     ModelFile,
@@ -24,7 +24,7 @@ from keymem_daemon.models.download import (
     ensure_model,
     missing_files,
 )
-from keymem_daemon.models.embedders import (
+from keymem_daemon.inference.embedders import (
     GENERIC_ONNX_PROFILE,
     OnnxEmbedder,
     UseEmbedder,

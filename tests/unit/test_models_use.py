@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from keymem_daemon.config import Settings
-from keymem_daemon.models.embedders import PieceTableFile, UseEmbedder, load_embedder
+from keymem_daemon.inference.embedders import PieceTableFile, UseEmbedder, load_embedder
 
 pytestmark = pytest.mark.timeout(120)
 

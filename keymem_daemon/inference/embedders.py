@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keymem_daemon.errors import ModelError
-from keymem_daemon.models.download import (
+from keymem_daemon.inference.download import (
     DownloadProgress,
     ModelFile,
     ModelSpec,

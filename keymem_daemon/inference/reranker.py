@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import numpy as np
 
 from keymem_daemon.errors import ModelError
-from keymem_daemon.models.download import (
+from keymem_daemon.inference.download import (
     DownloadProgress,
     ModelFile,
     ModelSpec,
     ensure_model,
     missing_files,
 )
-from keymem_daemon.models.embedders import MAX_TOKENS, MODEL_FILE, open_transformer
+from keymem_daemon.inference.embedders import MAX_TOKENS, MODEL_FILE, open_transformer
 
 if TYPE_CHECKING:
     from keymem_daemon.config import Settings
