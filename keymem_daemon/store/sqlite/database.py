@@ -29,11 +29,12 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 from keymem_daemon.errors import StoreError
+from keymem_daemon.store.sqlite.session import SqliteReader, SqliteWriter
 
 logger = logging.getLogger(__name__)
 
@@ -215,15 +216,8 @@ def _connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     return conn
 
 
-@dataclass(slots=True)
-class Tx:
-    """A write transaction in progress: the connection, and work to do after COMMIT."""
-
-    conn: sqlite3.Connection
-    _after: list[Callable[[], object]] = field(default_factory=list)
-
-    def after_commit(self, callback: Callable[[], object]) -> None:
-        self._after.append(callback)
+# A write transaction, as the engine sees it (kept as the name the write code uses).
+Tx = SqliteWriter
 
 
 _SHUTDOWN: Final = object()
@@ -340,7 +334,7 @@ class Store:
             fn, future = item
             if not future.set_running_or_notify_cancel():
                 continue
-            tx = Tx(conn)
+            tx = SqliteWriter(conn)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 result = fn(tx)
@@ -352,7 +346,7 @@ class Store:
                     exc = StoreError(f"the store refused the write: {exc}{damage_hint(exc, self.backup_dir)}")
                 future.set_exception(exc)
                 continue
-            for callback in tx._after:
+            for callback in tx.run_after_commit():
                 try:
                     callback()
                 except Exception:
@@ -381,12 +375,12 @@ class Store:
                 self._readers.append(conn)
         return conn
 
-    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def read(self, fn: Callable[[SqliteReader], T]) -> T:
         """Run ``fn`` on this thread's read connection inside one snapshot."""
         conn = self._reader()
         conn.execute("BEGIN")
         try:
-            return fn(conn)
+            return fn(SqliteReader(conn))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the store refused a read: {exc}{damage_hint(exc, self.backup_dir)}") from exc
         finally:

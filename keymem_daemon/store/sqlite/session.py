@@ -1,0 +1,48 @@
+"""What a read or write transaction on the SQLite store offers the engine: domain operations
+(``memories_under(key_ids, scope)``, ``bump_links(pairs)``), never SQL. ``Store.read`` hands
+its callback a ``SqliteReader``, ``Store.write`` a ``SqliteWriter``; both are built from one
+mixin per area so the SQL of an area lives in one module:
+
+- ``memories.py``  memory rows, relations, idempotency, meta, vocabulary
+- ``keys.py``      keys, aliases, links
+- ``search.py``    FTS5 and the reads retrieval and the push path make
+- ``transfer.py``  export and import rows
+- ``inspect.py``   the inspector's and the activity log's reads and writes
+
+The engine sees them only as ``engine.ports.Reader`` / ``engine.ports.Writer``.
+"""
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class SqliteReader:
+    """One snapshot of the database, on the calling thread's read connection."""
+
+    _conn: sqlite3.Connection
+
+    # Transitional: callers that still hold SQL run it here. Removed once every SQL statement
+    # lives in this package (tests/unit/test_architecture.py enforces it).
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        return self._conn.execute(sql, parameters)
+
+    @property
+    def conn(self) -> sqlite3.Connection:  # transitional, as execute()
+        return self._conn
+
+
+@dataclass(slots=True)
+class SqliteWriter(SqliteReader):
+    """A write transaction in progress: its operations, and work to do after COMMIT."""
+
+    _after: list[Callable[[], object]] = field(default_factory=list)
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        self._after.append(callback)
+
+    def run_after_commit(self) -> list[Callable[[], object]]:
+        return self._after
