@@ -630,7 +630,7 @@ class MemoryGraph:
             self._vocabulary = frozenset(listed)
             self.analyzer.learn(self._vocabulary)
         if listed is None or self.analyzer.learned - self._vocabulary:
-            self.store.write(lambda tx: self._sync_vocabulary(tx, save=True))
+            self.store.write(lambda tx: self.sync_vocabulary(tx, save=True))
 
     def _stored_loanwords(self, conn: sqlite3.Connection) -> list[str]:
         found: set[str] = set()
@@ -649,7 +649,7 @@ class MemoryGraph:
                     break
         return sorted(found)
 
-    def _sync_vocabulary(self, tx: Tx, *, save: bool = False) -> None:
+    def sync_vocabulary(self, tx: Tx, *, save: bool = False) -> None:
         """Bring the lexical index up to the analyzer's vocabulary: the text of memories and
         keys holding a word it learned since (in this store, or in another one this process
         opened) is cut differently now, so it is indexed again."""
@@ -677,7 +677,7 @@ class MemoryGraph:
                          (self.analyzer.compact(alias), key_id, alias))
             touched.add(key_id)
         for memory_id in memory_ids:
-            self._index_memory(tx, memory_id)
+            self.index_memory(tx, memory_id)
         linked = {r[0] for r in rows_in(conn, "SELECT DISTINCT memory_id FROM links WHERE key_id IN ({marks})",
                                         sorted(touched))}
         self._reindex_keys_of(tx, linked - memory_ids)
@@ -1028,7 +1028,7 @@ class MemoryGraph:
     def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
                       source: dict[str, Any], batch: _BatchKeys | None = None) -> tuple[str, bool, list[KeyRef]]:
         """Insert one memory (or fold it into its identical twin) with its keys and links."""
-        self._sync_vocabulary(tx)
+        self.sync_vocabulary(tx)
         conn, now = tx.conn, self.clock()
         self._check_related(conn, request.related_to, now)
         digest = dedup_hash(request.content)
@@ -1065,7 +1065,7 @@ class MemoryGraph:
                  json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
             refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
         self._add_relations(conn, memory_id, request.related_to)
-        self._index_memory(tx, memory_id, vectors.indexable(self.analyzer))
+        self.index_memory(tx, memory_id, vectors.indexable(self.analyzer))
         body, code = vectors.body, self.namespace_code(request.namespace)
         tx.after_commit(lambda: self.bodies.upsert(memory_id, body, code))
         return memory_id, False, refs
@@ -1149,9 +1149,9 @@ class MemoryGraph:
         for kid in new_links:
             if kid not in touched:
                 tx.after_commit(functools.partial(self.keys.add_links, kid, 1))
-        return [KeyRef(concept=infos[k].concept if k in infos else self._concept(k), key_id=k) for k in linked]
+        return [KeyRef(concept=infos[k].concept if k in infos else self.concept(k), key_id=k) for k in linked]
 
-    def _concept(self, key_id: str) -> str:
+    def concept(self, key_id: str) -> str:
         info = self.keys.get(key_id)
         return info.concept if info is not None else key_id
 
@@ -1203,7 +1203,7 @@ class MemoryGraph:
             texts.extend(a[0] for a in conn.execute("SELECT alias FROM aliases WHERE key_id = ?", (row[1],)))
         return " ".join(t for text in texts for t in self.analyzer.key_tokens(text))
 
-    def _index_memory(self, tx: Tx, memory_id: str, content_tokens: str | None = None) -> None:
+    def index_memory(self, tx: Tx, memory_id: str, content_tokens: str | None = None) -> None:
         conn = tx.conn
         row = conn.execute("SELECT rowid, content FROM memories WHERE id = ?", (memory_id,)).fetchone()
         if content_tokens is None:
@@ -1283,7 +1283,7 @@ class MemoryGraph:
                 old = get_memory(conn, old.superseded_by)
             if old is None or old.expired(now):
                 raise NotFound(f"Memory {memory_id} not found")
-            self._sync_vocabulary(tx)
+            self.sync_vocabulary(tx)
             if old.supersedes is not None:
                 grandparent = get_memory(conn, old.supersedes)
                 if grandparent is not None:
@@ -1325,7 +1325,7 @@ class MemoryGraph:
                     if concepts:
                         note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
                                 "retag if the correction changed the topic.")
-            self._index_memory(tx, new, prepared.indexable(self.analyzer))
+            self.index_memory(tx, new, prepared.indexable(self.analyzer))
             body, code = prepared.body, self.namespace_code(old.namespace)
             tx.after_commit(lambda: self.bodies.upsert(new, body, code))
             result = CorrectResult(new_id=new, superseded=memory_id, note=note,
@@ -1356,7 +1356,7 @@ class MemoryGraph:
         if predecessor is not None:
             restored = predecessor[0]
             conn.execute("UPDATE memories SET superseded_by = NULL WHERE id = ?", (restored,))
-            self._index_memory(tx, restored)
+            self.index_memory(tx, restored)
             row = conn.execute("SELECT vector, namespace FROM memories WHERE id = ?", (restored,)).fetchone()
             if row["vector"] is not None and vector_problem(row["vector"], self.embedder.dim) is None:
                 vec, code = vector_from(row["vector"]), self.namespace_code(row["namespace"])
@@ -1749,7 +1749,7 @@ class MemoryGraph:
             out = []
             for row in rows:
                 m = memory_from_row(row)
-                concepts = [self._concept(r[0]) for r in conn.execute(
+                concepts = [self.concept(r[0]) for r in conn.execute(
                     "SELECT key_id FROM links WHERE memory_id = ? AND auto = 0", (m.id,))]
                 out.append(ListedMemory(
                     id=m.id, content=m.content, keys=concepts, depth=round(m.depth, 3),

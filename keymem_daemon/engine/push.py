@@ -793,7 +793,7 @@ def inject(graph: MemoryGraph, prompt: str, *, scope: Scope, top_k: int = 2, max
                                      relevance_score=round(j.probability, 3), matched_key=matched_ref, keys=refs,
                                      validity=hit.validity, why=why(j.evidence),
                                      content_truncated=True if cut else None))
-    keys = [KeyRef(concept=graph._concept(k), key_id=k) for k in matched[:8]]
+    keys = [KeyRef(concept=graph.concept(k), key_id=k) for k in matched[:8]]
     header = SESSION_HEADER if session is not None and session.surfaced else INJECT_HEADER
     took = (time.perf_counter() - started) * 1000
     return InjectResult(render_inject(picked, max_chars, header=header), picked, keys, round(took, 2), held_back=held)

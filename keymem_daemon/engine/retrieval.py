@@ -858,7 +858,7 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
         # A translation sits lower than a same-language synonym (see the embedder profile),
         # so a query word meets a key in the other script at the profile's translation bar.
         token_script = np.array([script_of(tokens[i]) == "hangul" for i in with_vectors])
-        key_script = np.array([script_of(graph._concept(k)) == "hangul" for k in key_ids])
+        key_script = np.array([script_of(graph.concept(k)) == "hangul" for k in key_ids])
         bar = np.where(token_script[:, None] != key_script[None, :], graph.profile.translation_pair,
                        SOFT_KEY_MATCH)
         soft[with_vectors] = np.where(sims >= bar, sims, 0.0)
@@ -1254,7 +1254,7 @@ def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, M
         for c in chosen:
             m = fresh.get(c.memory_id) or found[c.memory_id]
             content, cut = (m.content, False) if max_chars is None else truncate(m.content, max_chars)
-            keys = [graph._concept(k) for k, (_, auto) in link_map.get(m.id, {}).items() if not auto]
+            keys = [graph.concept(k) for k, (_, auto) in link_map.get(m.id, {}).items() if not auto]
             out.append(Hit(
                 id=m.id, content=content, keys=keys, matched_via=list(c.via), hop=c.hop,
                 score=round(c.score, 6), rank_score=round(c.score, 6), relevance_score=round(c.raw, 3),

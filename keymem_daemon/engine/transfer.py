@@ -444,7 +444,7 @@ def _record(where: str) -> Iterator[None]:
 
 def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, bytes],
            body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
-    graph._sync_vocabulary(tx)
+    graph.sync_vocabulary(tx)
     conn = tx.conn
     key_map: dict[str, str] = {}
     imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
@@ -478,7 +478,7 @@ def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, by
     for mid in new_memories:
         row = conn.execute("SELECT superseded_by FROM memories WHERE id = ?", (mid,)).fetchone()
         if row["superseded_by"] is None:
-            graph._index_memory(tx, mid, tokens.get(mid))
+            graph.index_memory(tx, mid, tokens.get(mid))
     return {"imported": imported, "skipped": skipped}
 
 
