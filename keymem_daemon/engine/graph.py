@@ -91,7 +91,6 @@ from keymem_daemon.engine.records import (
     render,
 )
 from keymem_daemon.engine.redact import redact
-from keymem_daemon.store.sqlite.database import Store, Tx, rows_in
 from keymem_daemon.engine.text import (
     Analyzer,
     default_analyzer,
@@ -103,6 +102,7 @@ from keymem_daemon.engine.text import (
 from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import IdempotencyKeyReused, InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.inference.embedders import Embedder, ThresholdProfile
+from keymem_daemon.store.sqlite.database import Store, Tx, rows_in
 
 logger = logging.getLogger(__name__)
 

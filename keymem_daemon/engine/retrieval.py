@@ -44,7 +44,6 @@ from keymem_daemon.engine.records import (
     Preview,
     RecallResult,
 )
-from keymem_daemon.store.sqlite.database import rows_in
 from keymem_daemon.engine.text import (
     CONTENT_WORDS,
     Word,
@@ -58,6 +57,7 @@ from keymem_daemon.engine.text import (
 )
 from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import InvalidInput
+from keymem_daemon.store.sqlite.database import rows_in
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import Host, MemoryGraph

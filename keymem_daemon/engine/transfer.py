@@ -38,9 +38,9 @@ from keymem_daemon.engine.graph import (
     vector_problem,
 )
 from keymem_daemon.engine.keys import KEY_TYPES, MAX_KEY_CHARS
-from keymem_daemon.store.sqlite.database import SCHEMA_VERSION, Tx
 from keymem_daemon.engine.text import normalize, normalize_namespace
 from keymem_daemon.errors import InvalidInput, KeymemError
+from keymem_daemon.store.sqlite.database import SCHEMA_VERSION, Tx
 
 logger = logging.getLogger(__name__)
 
