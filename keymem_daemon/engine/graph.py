@@ -102,7 +102,9 @@ from keymem_daemon.engine.text import (
 from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import IdempotencyKeyReused, InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.inference.embedders import Embedder, ThresholdProfile
-from keymem_daemon.store.sqlite.database import Store, Tx, rows_in
+from keymem_daemon.store.sqlite.database import Store, Tx
+from keymem_daemon.store.sqlite.memories import _MEMORY_COLUMNS, ACTIVE, get_memories, get_memory, memory_from_row
+from keymem_daemon.store.sqlite.rows import rows_in
 
 logger = logging.getLogger(__name__)
 
@@ -138,63 +140,12 @@ IDEMPOTENCY_TTL_SECONDS: Final = 7 * 86400
 # the ttl), and far larger values overflow the date an expiry is shown as.
 MAX_TTL_SECONDS: Final = 100 * 365 * 86400
 
-_MEMORY_COLUMNS: Final = (
-    "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
-    "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
-    "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
-)
-# A memory is active until (and including) its expiry instant, as Memory.expired says.
-ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= ?)"
-
-
 def new_id() -> str:
     return secrets.token_hex(6)
 
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _json_or_none(text: str | None) -> dict[str, Any] | None:
-    if not text:
-        return None
-    value = json.loads(text)
-    return value if isinstance(value, dict) else None
-
-
-def memory_from_row(row: sqlite3.Row) -> Memory:
-    return Memory(
-        rowid=row["rowid"],
-        id=row["id"],
-        content=row["content"],
-        namespace=row["namespace"],
-        depth=row["depth"],
-        access_count=row["access_count"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        last_accessed=row["last_accessed"],
-        observed_at=row["observed_at"],
-        last_confirmed_at=row["last_confirmed_at"],
-        confirmation_count=row["confirmation_count"],
-        decay_profile=row["decay_profile"],
-        last_confirmation_evidence=row["last_confirmation_evidence"],
-        last_confirmation_source=_json_or_none(row["last_confirmation_source"]),
-        last_confirmation_id=row["last_confirmation_id"],
-        expires_at=row["expires_at"],
-        supersedes=row["supersedes"],
-        superseded_by=row["superseded_by"],
-        source=_json_or_none(row["source"]),
-    )
-
-
-def get_memory(conn: sqlite3.Connection, memory_id: str) -> Memory | None:
-    row = conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
-    return None if row is None else memory_from_row(row)
-
-
-def get_memories(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Memory]:
-    return {row["id"]: memory_from_row(row) for row in rows_in(
-        conn, f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({{marks}})", list(dict.fromkeys(ids)))}
 
 
 def _word_list(value: str) -> list[str] | None:

@@ -57,7 +57,8 @@ from keymem_daemon.engine.text import (
 )
 from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import InvalidInput
-from keymem_daemon.store.sqlite.database import rows_in
+from keymem_daemon.store.sqlite.memories import ACTIVE, get_memories
+from keymem_daemon.store.sqlite.rows import rows_in
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import Host, MemoryGraph
@@ -388,7 +389,6 @@ def lexical(conn: sqlite3.Connection, tokens: Sequence[str], scope: Scope, now: 
         if len(out) >= limit or len(ranked) < fetch:
             return out[:limit]
         # Most matches lie outside the scope (a small namespace): let SQLite filter them.
-        from keymem_daemon.engine.graph import ACTIVE
 
         where, params = scope_clause(scope)
         rows_scoped = conn.execute(
@@ -417,7 +417,6 @@ def dense(graph: MemoryGraph, vector: npt.NDArray[np.float32], scope: Scope,
 def key_members(conn: sqlite3.Connection, key_ids: Sequence[str], scope: Scope, now: float,
                 per_key: int = 2000) -> dict[str, list[tuple[str, float]]]:
     """Active members of each key in scope: key -> [(memory id, link weight)]."""
-    from keymem_daemon.engine.graph import ACTIVE
 
     where, params = scope_clause(scope)
     out: dict[str, list[tuple[str, float]]] = {}
@@ -468,7 +467,6 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
     """A key's active memories ranked by relevance x link weight x depth x freshness, and
     how many it has. With ``pool``, only the best ``pool`` by a cheap signal are ranked;
     ``near`` (the query's lexical candidates, when the caller has them) spares a search."""
-    from keymem_daemon.engine.graph import get_memories
 
     now = graph.clock()
     if query is not None and plan is None:
@@ -664,7 +662,6 @@ def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: flo
     it (relevance at or above CONTENT_GATE, the same measure the push path uses)."""
 
     def read(conn: sqlite3.Connection) -> tuple[dict[str, tuple[float, str]], list[str]]:
-        from keymem_daemon.engine.graph import get_memories
 
         # Lexical candidates only: a scan of every body vector here cost a large store ~15 ms
         # per recall and changed no result on the benchmarks (the key sims cover semantics).
@@ -997,7 +994,6 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
 
     def read(conn: sqlite3.Connection) -> tuple[dict[str, Candidate], dict[str, Memory],
                                                  dict[str, dict[str, tuple[float, bool]]]]:
-        from keymem_daemon.engine.graph import ACTIVE, get_memories
 
         cands: dict[str, Candidate] = {}
 
@@ -1124,7 +1120,6 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
             link_map: dict[str, dict[str, tuple[float, bool]]], scope: Scope, now: float, hops: int) -> None:
     """Spread activation along narrow keys and explicit links, hop by hop. A wide (hub) key
     says little about association, so only keys with few members carry a hop."""
-    from keymem_daemon.engine.graph import get_memories
 
     anchored = {mid for mid, c in cands.items() if any(v != "(bm25)" for v in c.via)}
     frontier = sorted(cands, key=lambda m: -cands[m].score)[:10]
@@ -1247,7 +1242,6 @@ def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, M
     now = graph.clock()
 
     def read(conn: sqlite3.Connection) -> list[Hit]:
-        from keymem_daemon.engine.graph import get_memories
 
         fresh = get_memories(conn, [c.memory_id for c in chosen])
         out = []

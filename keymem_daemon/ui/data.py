@@ -19,11 +19,11 @@ from typing import Any, Final
 from keymem_daemon.activity_log import preview
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
-from keymem_daemon.engine.graph import _MEMORY_COLUMNS, ACTIVE, get_memories, get_memory, memory_from_row
 from keymem_daemon.engine.records import Memory, render
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput, NotFound
 from keymem_daemon.service import Service
+from keymem_daemon.store.sqlite.memories import _MEMORY_COLUMNS, ACTIVE, get_memories, get_memory, memory_from_row
 
 MAX_RESULTS: Final = 100
 FILTER_POOL: Final = 100

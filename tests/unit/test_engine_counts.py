@@ -14,8 +14,9 @@ from pathlib import Path
 from engine_helpers import FakeClock, remember
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import ACTIVE, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.inference.embedders import Embedder
+from keymem_daemon.store.sqlite.memories import ACTIVE
 
 WORDS = ["deploy", "database", "editor", "coffee", "배포", "데이터베이스", "에디터", "커피", "review", "리뷰"]
 NAMESPACES = ["default", "atlas"]

@@ -19,7 +19,8 @@ from keymem_daemon.engine.records import CorrectResult
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.inference.embedders import Embedder
-from keymem_daemon.store.sqlite.database import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate, rows_in
+from keymem_daemon.store.sqlite.database import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate
+from keymem_daemon.store.sqlite.rows import rows_in
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -27,7 +27,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +49,6 @@ _DAMAGED_MESSAGES: Final = ("database disk image is malformed", "file is not a d
 _KEYMEM_TABLES: Final = frozenset({"meta", "keys", "memories", "links"})
 # The files SQLite keeps for one WAL database, by suffix.
 FILE_SUFFIXES: Final = ("", "-wal", "-shm")
-# Values bound per ``IN (...)`` list: SQLite caps a statement's parameters (999 on older builds).
-_IN_CHUNK: Final = 500
 
 _SCHEMA_V1: Final = """
 CREATE TABLE meta (
@@ -149,14 +147,6 @@ CREATE VIRTUAL TABLE memory_vocab USING fts5vocab(memory_fts, 'row');
 
 CREATE INDEX memories_by_when ON memories(namespace, COALESCE(observed_at, created_at));
 """
-
-
-def rows_in(conn: sqlite3.Connection, sql: str, values: Sequence[Any]) -> Iterator[Any]:
-    """The rows of ``sql`` for every value, where ``{marks}`` in ``sql`` stands for the
-    placeholders of its ``IN`` list; a long list is asked for a chunk at a time."""
-    for start in range(0, len(values), _IN_CHUNK):
-        chunk = values[start:start + _IN_CHUNK]
-        yield from conn.execute(sql.format(marks=",".join("?" * len(chunk))), chunk)
 
 
 def _execute_script(conn: sqlite3.Connection, script: str) -> None:
@@ -375,7 +365,9 @@ class Store:
                 self._readers.append(conn)
         return conn
 
-    def read(self, fn: Callable[[SqliteReader], T]) -> T:
+    # Callable[[Any], T] while callbacks outside store/ are still typed sqlite3.Connection
+    # (transitional, as SqliteReader.execute): it becomes Callable[[SqliteReader], T].
+    def read(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn`` on this thread's read connection inside one snapshot."""
         conn = self._reader()
         conn.execute("BEGIN")

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keymem_daemon.store.sqlite.memories import MemoryRows
+
 
 @dataclass(slots=True)
-class SqliteReader:
+class SqliteReader(MemoryRows):
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
