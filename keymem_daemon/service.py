@@ -25,7 +25,6 @@ from keymem_daemon.engine import push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.records import IdempotencyKey, render
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
-from keymem_daemon.store.sqlite.memories import get_memory
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class InjectRequest:
 
 def _memories_held(graph: MemoryGraph) -> int:
     """Every memory row of the store (superseded and expired ones too)."""
-    return graph.store.read(lambda c: int(c.execute("SELECT COUNT(*) FROM memories").fetchone()[0]))
+    return int(graph.store.read(lambda reader: reader.memory_rows()))
 
 
 @dataclass(slots=True)
@@ -234,7 +233,7 @@ class Service:
         args = arguments if isinstance(arguments, Mapping) else {}
         forgotten = None
         if logged and name == "forget" and isinstance(args.get("memory_id"), str):
-            memory = graph.store.read(lambda conn: get_memory(conn, args["memory_id"]))
+            memory = graph.store.read(lambda reader: reader.memory(args["memory_id"]))
             forgotten = memory.content if memory is not None else None
         outcome = tools.call_tool(ctx, name, arguments)
         if logged and not outcome.is_error and self.activity is not None:

@@ -79,6 +79,9 @@ class MemoryReads(Protocol):
     def count_active(self, namespace: str | None, now: float) -> int:
         """Active memories in a namespace (None: in all of them)."""
 
+    def memory_rows(self) -> int:
+        """Every memory the store holds, superseded and expired ones too."""
+
     def active_page(self, namespace: str | None, now: float, limit: int, offset: int) -> tuple[int, list[Memory]]:
         """How many active memories ``namespace`` (None: all) holds, and one page of them in
         insertion order."""

@@ -1,4 +1,5 @@
-"""Validation of the engine's arguments that come from outside: ids, observed_at, evidence."""
+"""Validation of the engine's arguments that come from outside: ids, namespaces, observed_at,
+evidence kinds. Each failure is an ``InvalidInput`` naming its field."""
 from __future__ import annotations
 
 import re
@@ -7,6 +8,7 @@ from typing import Final
 
 import numpy as np
 
+from keymem_daemon.engine.text import normalize_namespace
 from keymem_daemon.errors import InvalidInput
 
 EVIDENCE_KINDS: Final = ("user", "authoritative_source", "observation")
@@ -36,3 +38,29 @@ def parse_observed_at(value: object, *, field: str = "observed_at") -> float | N
             parsed = parsed.replace(tzinfo=timezone.utc)
         return parsed.timestamp()
     raise InvalidInput(f"{field} must be an ISO-8601 date/time or epoch seconds", field=field)
+
+
+def require_str(value: object, field: str) -> str:
+    """``value``, which must be a string."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be a string", field=field)
+    return value
+
+
+def namespace_arg(value: object, *, field: str = "namespace") -> str | None:
+    """A namespace argument, normalised; None (and a blank one) means every namespace."""
+    if value is None:
+        return None
+    text = require_str(value, field)
+    return normalize_namespace(text) if text.strip() else None
+
+
+def key_id_arg(value: object) -> str:
+    """A key id argument: the 12 hex characters recall and browse_keys show."""
+    key_id = require_str(value, "key_id")
+    if not ID_PATTERN.match(key_id):
+        raise InvalidInput(
+            f"key_id {key_id[:40]!r} is not a key id: pass the 12-character id from recall or "
+            "browse_keys (e.g. 'a1b2c3d4e5f6'), not the concept text -- call recall(query) to find it.",
+            field="key_id")
+    return key_id

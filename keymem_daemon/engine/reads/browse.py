@@ -29,9 +29,9 @@ from keymem_daemon.engine.records import (
     RelatedItem,
     Stats,
 )
-from keymem_daemon.engine.text import normalize, normalize_namespace
-from keymem_daemon.engine.validate import ID_PATTERN
-from keymem_daemon.errors import InvalidInput, NotFound, Refused
+from keymem_daemon.engine.text import normalize
+from keymem_daemon.engine.validate import key_id_arg, namespace_arg, require_str
+from keymem_daemon.errors import NotFound, Refused
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +78,11 @@ class Browsing(GraphIndexes):
         return reader.related_ids(memory_id)
 
     def resolve_namespace(self, namespace: object, *, field: str = "namespace") -> str | None:
-        if namespace is None:
-            return None
-        if not isinstance(namespace, str):
-            raise InvalidInput(f"{field} must be a string", field=field)
-        return normalize_namespace(namespace) if namespace.strip() else None
+        return namespace_arg(namespace, field=field)
 
     def check_key_id(self, key_id: object) -> str:
-        if not isinstance(key_id, str):
-            raise InvalidInput("key_id must be a string", field="key_id")
-        if not ID_PATTERN.match(key_id):
-            raise InvalidInput(
-                f"key_id {key_id[:40]!r} is not a key id: pass the 12-character id from recall or "
-                "browse_keys (e.g. 'a1b2c3d4e5f6'), not the concept text -- call recall(query) to find it.",
-                field="key_id")
+        """A key id argument naming a key that exists."""
+        key_id = key_id_arg(key_id)
         if self.keys.get(key_id) is None:
             raise NotFound(f"Key {key_id} not found")
         return key_id
@@ -192,8 +183,7 @@ class Browsing(GraphIndexes):
 
     def related(self, memory_id: object) -> list[RelatedItem]:
         """Neighbours through shared keys (rarer keys count more) and explicit links."""
-        if not isinstance(memory_id, str):
-            raise InvalidInput("memory_id must be a string", field="memory_id")
+        memory_id = require_str(memory_id, "memory_id")
         now = self.clock()
 
         def read(reader: Reader) -> list[RelatedItem]:

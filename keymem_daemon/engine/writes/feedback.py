@@ -20,7 +20,7 @@ from keymem_daemon.engine.records import (
     Replayed,
 )
 from keymem_daemon.engine.text import normalize
-from keymem_daemon.engine.validate import EVIDENCE_KINDS
+from keymem_daemon.engine.validate import EVIDENCE_KINDS, require_str
 from keymem_daemon.engine.writes.remember import Host, Remembering
 from keymem_daemon.errors import InvalidInput, NotFound
 
@@ -37,8 +37,7 @@ class Feedback(Remembering):
                     namespace: object = None) -> ReadMemoryResult:
         """Full content and every key of one memory. Counts the access; reinforces only the
         traversed edge (+0.1) and lets autokey learn from it. Never confirms the memory."""
-        if not isinstance(memory_id, str):
-            raise InvalidInput("memory_id must be a string", field="memory_id")
+        memory_id = require_str(memory_id, "memory_id")
         if via_key_id is not None and not isinstance(via_key_id, str):
             raise InvalidInput("via_key_id must be a string", field="via_key_id")
         ns = self.resolve_namespace(namespace)
@@ -62,8 +61,7 @@ class Feedback(Remembering):
 
     def confirm_memory(self, memory_id: object, evidence: object, *, namespace: object = None,
                        source: object = None, host: Host | None = None) -> ConfirmResult:
-        if not isinstance(memory_id, str):
-            raise InvalidInput("memory_id must be a string", field="memory_id")
+        memory_id = require_str(memory_id, "memory_id")
         if evidence not in EVIDENCE_KINDS:
             raise InvalidInput(f"Unknown confirmation evidence: {evidence!r} (use one of "
                                f"{', '.join(EVIDENCE_KINDS)})", field="evidence")
@@ -89,10 +87,8 @@ class Feedback(Remembering):
 
     def dismiss(self, memory_id: object, key_id: object, *, namespace: object = None) -> DismissResult:
         """Weaken one key->memory link (never below the floor, never severed)."""
-        if not isinstance(memory_id, str):
-            raise InvalidInput("memory_id must be a string", field="memory_id")
-        if not isinstance(key_id, str):
-            raise InvalidInput("key_id must be a string", field="key_id")
+        memory_id = require_str(memory_id, "memory_id")
+        key_id = require_str(key_id, "key_id")
         ns = self.resolve_namespace(namespace)
         weak = self.buffer.consume(key_id)
 
@@ -150,8 +146,7 @@ class Feedback(Remembering):
         return restored
 
     def forget(self, memory_id: object, *, idempotency_key: IdempotencyKey | None = None) -> ForgetResult | Replayed:
-        if not isinstance(memory_id, str):
-            raise InvalidInput("memory_id must be a string", field="memory_id")
+        memory_id = require_str(memory_id, "memory_id")
 
         def write(writer: Writer) -> ForgetResult | Replayed:
             replay = self.replay(writer, idempotency_key)

@@ -54,7 +54,7 @@ from keymem_daemon.engine.records import (
 )
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.text import Analyzer, normalize, normalize_namespace, script_of
-from keymem_daemon.engine.validate import parse_observed_at
+from keymem_daemon.engine.validate import parse_observed_at, require_str
 from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import IdempotencyKeyReused, InvalidInput, Refused
 
@@ -163,8 +163,7 @@ class Remembering(Browsing):
         require_keys: bool = True,
     ) -> NewMemory:
         """Validate one write request; every failure names its field and changes nothing."""
-        if not isinstance(content, str):
-            raise InvalidInput("content must be a string", field="content")
+        content = require_str(content, "content")
         if not content.strip():
             raise InvalidInput("content is empty", field="content")
         if len(content) > self.settings.max_content_chars:

@@ -9,9 +9,10 @@ from keymem_daemon.engine.indexes import vector_bytes
 from keymem_daemon.engine.links import inherited_weight
 from keymem_daemon.engine.ports import MemoryRow, Writer
 from keymem_daemon.engine.records import CorrectResult, IdempotencyKey, NewMemory, Replayed
+from keymem_daemon.engine.validate import require_str
 from keymem_daemon.engine.writes.feedback import Feedback
 from keymem_daemon.engine.writes.remember import Host, dedup_hash, new_id
-from keymem_daemon.errors import InvalidInput, NotFound
+from keymem_daemon.errors import NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,7 @@ class Versions(Feedback):
                 idempotency_key: IdempotencyKey | None = None) -> CorrectResult | Replayed:
         """One-step versioning: the correction supersedes the memory, which stays readable by
         id only; the memory it had itself superseded is deleted."""
-        if not isinstance(memory_id, str):
-            raise InvalidInput("memory_id must be a string", field="memory_id")
+        memory_id = require_str(memory_id, "memory_id")
         prepared = self.embed_request(request)
         source = self.stamp("correct", host, request.source)
 
