@@ -2,7 +2,7 @@
 
 ``Service`` owns the loading state (``starting`` -> ``ready`` or ``failed``), the memory
 graph once it is loaded, and the bits of per-request context the engine needs (who the
-host is, which namespaces a cwd may see). ``api.py`` maps routes onto these methods;
+host is, which namespaces a cwd may see). ``http/`` maps routes onto these methods;
 tests can call them directly.
 """
 
