@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from keymem_daemon import activity_log, backups, instructions, tools, transcripts
+from keymem_daemon import activity_log, backups, transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.records import IdempotencyKey, render
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
+from keymem_daemon.mcp import instructions, tools
 from keymem_daemon.store.sqlite.memories import get_memory
 
 logger = logging.getLogger(__name__)

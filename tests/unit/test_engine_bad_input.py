@@ -11,7 +11,7 @@ from engine_helpers import Tools, key_id, remember, state
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.errors import NotFound, Refused
-from keymem_daemon.tools import Context, call_tool
+from keymem_daemon.mcp.tools import Context, call_tool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -271,7 +271,7 @@ def test_issue_19_every_numeric_argument_has_its_range_in_the_schema_the_handler
     """The tool layer clamps numbers into the schema's own range, so every numeric property
     carries one: an open-ended offset once let 1e300 reach SQLite as an integer."""
     from keymem_daemon.engine.graph import MAX_TTL_SECONDS
-    from keymem_daemon.tools import TOOLS
+    from keymem_daemon.mcp.tools import TOOLS
 
     for tool in TOOLS:
         for name, schema in tool.properties.items():

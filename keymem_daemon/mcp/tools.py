@@ -98,6 +98,10 @@ class Args:
     def has(self, name: str) -> bool:
         return self._raw.get(name) is not None
 
+    def given(self, name: str) -> bool:
+        """Whether the call names the argument at all (``null`` included: it clears a value)."""
+        return name in self._raw
+
     def text(self, name: str, *, default: str | None = None) -> str | None:
         value = self._raw.get(name)
         if value is None:
@@ -275,7 +279,7 @@ def _correct(ctx: Context, args: Args) -> Any:
     request = _new_memory(ctx, _raw_fields(args, _WRITE_FIELDS), require_keys=False)
     return ctx.graph.correct(
         args.raw("memory_id"), request, keys_given=args.has("keys"), related_given=args.has("related_to"),
-        ttl_given="ttl_seconds" in args._raw, decay_given=args.has("decay_profile"), host=ctx.host,
+        ttl_given=args.given("ttl_seconds"), decay_given=args.has("decay_profile"), host=ctx.host,
         idempotency_key=ctx.idempotency_key)
 
 
