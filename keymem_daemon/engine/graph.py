@@ -60,6 +60,7 @@ from keymem_daemon.engine.keys import (
     language_uniform,
     sanitize_keys,
 )
+from keymem_daemon.engine.limits import IDEMPOTENCY_TTL_SECONDS, MAX_TTL_SECONDS
 from keymem_daemon.engine.records import (
     BatchItem,
     BatchResult,
@@ -132,13 +133,6 @@ batch id: about 300 characters)."""
 VOCABULARY_META: Final = "learned_words"
 # The fingerprint of a store whose re-embedding for a new model has begun but not ended.
 PARTIAL: Final = "partial:"
-# How long a write's Idempotency-Key is remembered. The shim retries within one call
-# (seconds), but a client may retry after a crash or a laptop asleep for days; a week covers
-# that while the hourly cleanup keeps the table small.
-IDEMPOTENCY_TTL_SECONDS: Final = 7 * 86400
-# The longest ttl_seconds accepted: a century. Anything longer means "never expires" (omit
-# the ttl), and far larger values overflow the date an expiry is shown as.
-MAX_TTL_SECONDS: Final = 100 * 365 * 86400
 
 def new_id() -> str:
     return secrets.token_hex(6)

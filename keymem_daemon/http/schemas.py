@@ -11,6 +11,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from keymem_daemon.engine import limits
 from keymem_daemon.engine.push import InjectResult
 from keymem_daemon.engine.records import render
 
@@ -96,9 +97,11 @@ class InjectIn(_Strict):
     prompt: str = Field(description="The user's message.")
     cwd: str | None = Field(None, description="The host's working directory (selects namespaces).")
     namespace: str | None = Field(None, description="Search this namespace instead of the cwd's.")
-    top_k: int = Field(2, ge=1, le=10, description="Most memories to surface.")
-    max_chars: int | None = Field(None, ge=256, le=20000, description="Size of the rendered block.")
-    session_id: str | None = Field(None, min_length=1, max_length=200,
+    top_k: int = Field(limits.INJECT_TOP_K.default, ge=limits.INJECT_TOP_K.low, le=limits.INJECT_TOP_K.high,
+                       description="Most memories to surface.")
+    max_chars: int | None = Field(None, ge=limits.INJECT_MAX_CHARS.low, le=limits.INJECT_MAX_CHARS.high,
+                                  description="Size of the rendered block.")
+    session_id: str | None = Field(None, min_length=1, max_length=limits.MAX_SESSION_ID_CHARS,
                                    description="The host's session: what it was shown is not repeated.")
     agent: str | None = None
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Header
 
+from keymem_daemon.engine.limits import MAX_IDEMPOTENCY_KEY
 from keymem_daemon.http.bodies import JSONRoute
 from keymem_daemon.http.deps import HookDep, HostDep, ServiceDep, WorkersDep, host_of
 from keymem_daemon.http.schemas import (
@@ -20,7 +21,6 @@ from keymem_daemon.http.schemas import (
 )
 
 TOOLS_PATH: Final = "/v1/tools"
-MAX_IDEMPOTENCY_KEY: Final = 200
 
 router = APIRouter(tags=["mcp"], route_class=JSONRoute, responses=ERRORS)
 
