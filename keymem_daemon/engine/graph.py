@@ -58,6 +58,7 @@ from keymem_daemon.engine.keys import (
     language_uniform,
     sanitize_keys,
 )
+from keymem_daemon.engine.limits import IDEMPOTENCY_TTL_SECONDS, MAX_TTL_SECONDS
 from keymem_daemon.engine.links import (
     CORRECT_PENALTY,
     DISMISS,
@@ -168,13 +169,7 @@ ALIAS_REINDEX_LIMIT: Final = 5000
 RELATED_PER_KEY: Final = 2000
 # related(): an explicit relation counts as much as a key the two memories alone share.
 EXPLICIT_RELATION_SCORE: Final = 1.0
-# How long a write's Idempotency-Key is remembered. The shim retries within one call
-# (seconds), but a client may retry after a crash or a laptop asleep for days; a week covers
-# that while the hourly cleanup keeps the table small.
-IDEMPOTENCY_TTL_SECONDS: Final = 7 * 86400
-# The longest ttl_seconds accepted: a century. Anything longer means "never expires" (omit
-# the ttl), and far larger values overflow the date an expiry is shown as.
-MAX_TTL_SECONDS: Final = 100 * 365 * 86400
+
 
 def new_id() -> str:
     return secrets.token_hex(6)

