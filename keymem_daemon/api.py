@@ -220,6 +220,7 @@ class StatsOut(BaseModel):
     state: Literal["starting", "ready", "failed"]
     uptime_s: float
     data_dir: str
+    store: str = Field(description='Which store: "sqlite PATH" or "postgresql HOST:PORT/DATABASE as ROLE".')
 
 
 class ExportIn(_Strict):
