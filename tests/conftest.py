@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, share_model_tables, wait_for
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_model_tables(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One copy of the 65 MB piece table for the session, linked into each test's data dir."""
+    share_model_tables(tmp_path_factory.mktemp("shared-models"))
 
 FAST_TIER = Path(__file__).parent / "unit" / "fast"
 

@@ -18,11 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
+from keymem_daemon.store.sqlite.search import LexicalRows
 
 
 @dataclass(slots=True)
-class SqliteReader(MemoryRows):
+class SqliteReader(
+    MemoryRows,
+    KeyRows,
+    LexicalRows,
+):
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
