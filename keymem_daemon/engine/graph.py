@@ -48,11 +48,10 @@ from keymem_daemon.engine.links import (
 from keymem_daemon.engine.records import ReadKeyResult
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.validate import EVIDENCE_KINDS, ID_PATTERN, parse_observed_at
-from keymem_daemon.engine.writes.maintenance import IDEMPOTENCY_TTL_SECONDS, Maintenance
+from keymem_daemon.engine.writes.maintenance import Maintenance
 from keymem_daemon.engine.writes.remember import (
     MAX_SOURCE_CHARS,
     MAX_STORED_SOURCE_CHARS,
-    MAX_TTL_SECONDS,
     Host,
     dedup_hash,
     iso,
@@ -67,8 +66,8 @@ if TYPE_CHECKING:
 # The names other modules import from here (until they import them from their home).
 __all__ = [
     "CORRECT_PENALTY", "DISMISS", "EVIDENCE_KINDS", "EXPLORED_DECAY", "HOP_REINFORCE", "ID_PATTERN",
-    "IDEMPOTENCY_TTL_SECONDS", "LINK_DEFAULT", "LINK_MAX", "LINK_MIN", "MAX_SOURCE_CHARS",
-    "MAX_STORED_SOURCE_CHARS", "MAX_TTL_SECONDS", "REINFORCE", "VOCABULARY_META", "Clock", "Host", "KeyCounts",
+    "LINK_DEFAULT", "LINK_MAX", "LINK_MIN", "MAX_SOURCE_CHARS",
+    "MAX_STORED_SOURCE_CHARS", "REINFORCE", "VOCABULARY_META", "Clock", "Host", "KeyCounts",
     "MemoryGraph", "clamp_weight", "dedup_hash", "iso", "new_id", "parse_observed_at", "vector_bytes",
     "vector_from", "vector_problem",
 ]
@@ -88,6 +87,11 @@ def _open_sqlite(path: Path, settings: Settings) -> Store:
 
 class MemoryGraph(Maintenance):
     """The engine. Thread-safe: writes go through the store's writer, reads are snapshots."""
+
+    # Transitional: seen from outside the engine the store is the SQLite one, while modules
+    # there still hand ``store.read`` callbacks typed ``sqlite3.Connection``; the engine's own
+    # modules see it as ``ports.Repository`` (``GraphIndexes.store``).
+    store: Store
 
     @classmethod
     def open(

@@ -18,7 +18,7 @@ import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -27,16 +27,11 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine.autokey import PromotionRule, RecallBuffer
 from keymem_daemon.engine.freshness import HalfLives
 from keymem_daemon.engine.keys import ActiveCounts, KeyIndex, KeyInfo
-from keymem_daemon.engine.ports import Reader, Writer
+from keymem_daemon.engine.ports import Reader, Repository, Writer
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.engine.text import Analyzer, default_analyzer, has_hangul
 from keymem_daemon.engine.vectors import VectorTable
 from keymem_daemon.inference.embedders import Embedder, ThresholdProfile
-
-if TYPE_CHECKING:
-    # Transitional: ``store`` is typed as the SQLite store while modules outside the engine still
-    # hand ``store.read`` callbacks typed ``sqlite3.Connection``; it becomes ``ports.Repository``.
-    from keymem_daemon.store.sqlite.database import Store
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +117,7 @@ class GraphIndexes:
 
     def __init__(
         self,
-        store: Store,
+        store: Repository,
         embedder: Embedder,
         settings: Settings,
         *,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from keymem_daemon.engine.indexes import vector_bytes
+from keymem_daemon.engine.limits import IDEMPOTENCY_TTL_SECONDS
 from keymem_daemon.engine.ports import Writer
 from keymem_daemon.engine.records import CleanupResult
 from keymem_daemon.engine.writes.versions import Versions
@@ -26,10 +27,6 @@ REEMBED_META: Final = "reembed_"
 # small enough that a kill loses seconds of work, not minutes.
 REEMBED_CHUNK: Final = 256
 
-# How long a write's Idempotency-Key is remembered. The shim retries within one call
-# (seconds), but a client may retry after a crash or a laptop asleep for days; a week covers
-# that while the hourly cleanup keeps the table small.
-IDEMPOTENCY_TTL_SECONDS: Final = 7 * 86400
 
 
 class Maintenance(Versions):

@@ -36,6 +36,7 @@ from keymem_daemon.engine.keys import (
     language_uniform,
     sanitize_keys,
 )
+from keymem_daemon.engine.limits import MAX_TTL_SECONDS
 from keymem_daemon.engine.links import LINK_DEFAULT
 from keymem_daemon.engine.ports import KeyRow, MemoryRow, Reader, Writer
 from keymem_daemon.engine.reads.browse import Browsing
@@ -66,10 +67,6 @@ MAX_SOURCE_CHARS: Final = 4000
 MAX_STORED_SOURCE_CHARS: Final = MAX_SOURCE_CHARS + 1000
 """A stored ``source``: the caller's plus the stamp keymem adds (session, tool, time, host,
 batch id: about 300 characters)."""
-
-# The longest ttl_seconds accepted: a century. Anything longer means "never expires" (omit
-# the ttl), and far larger values overflow the date an expiry is shown as.
-MAX_TTL_SECONDS: Final = 100 * 365 * 86400
 
 # write_hints: the nearest keys looked at for each key a write gave (the first not merged wins).
 NEAR_KEY_CANDIDATES: Final = 20
