@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Alias, MemoryFilter
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, ACTIVE, memory_from_row
+from keymem_daemon.store.sqlite.memories import ACTIVE, MEMORY_COLUMNS, memory_from_row
 from keymem_daemon.store.sqlite.rows import rows_in
 
 
