@@ -37,7 +37,7 @@ class MemoryRow:
     source: Mapping[str, Any]
     expires_at: float | None
     vector: bytes
-    """float32 values, as ``engine.graph.vector_bytes`` packs them."""
+    """float32 values, as ``engine.indexes.vector_bytes`` packs them."""
     supersedes: str | None = None
 
 
@@ -207,7 +207,7 @@ class KeyRow:
     compact: str
     key_type: str
     vector: bytes
-    """float32 values, as ``engine.graph.vector_bytes`` packs them."""
+    """float32 values, as ``engine.indexes.vector_bytes`` packs them."""
     created_at: float
 
 

@@ -64,3 +64,11 @@ def key_id_arg(value: object) -> str:
             "browse_keys (e.g. 'a1b2c3d4e5f6'), not the concept text -- call recall(query) to find it.",
             field="key_id")
     return key_id
+
+
+def evidence_arg(value: object) -> str:
+    """A confirmation's evidence: one of ``EVIDENCE_KINDS``."""
+    if value not in EVIDENCE_KINDS:
+        raise InvalidInput(f"Unknown confirmation evidence: {value!r} (use one of "
+                           f"{', '.join(EVIDENCE_KINDS)})", field="evidence")
+    return str(value)

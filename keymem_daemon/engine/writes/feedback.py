@@ -20,7 +20,7 @@ from keymem_daemon.engine.records import (
     Replayed,
 )
 from keymem_daemon.engine.text import normalize
-from keymem_daemon.engine.validate import EVIDENCE_KINDS, require_str
+from keymem_daemon.engine.validate import evidence_arg, require_str
 from keymem_daemon.engine.writes.remember import Host, Remembering
 from keymem_daemon.errors import InvalidInput, NotFound
 
@@ -62,9 +62,7 @@ class Feedback(Remembering):
     def confirm_memory(self, memory_id: object, evidence: object, *, namespace: object = None,
                        source: object = None, host: Host | None = None) -> ConfirmResult:
         memory_id = require_str(memory_id, "memory_id")
-        if evidence not in EVIDENCE_KINDS:
-            raise InvalidInput(f"Unknown confirmation evidence: {evidence!r} (use one of "
-                               f"{', '.join(EVIDENCE_KINDS)})", field="evidence")
+        kind = evidence_arg(evidence)
         if source is not None and not isinstance(source, dict):
             raise InvalidInput("source must be an object", field="source")
         ns = self.resolve_namespace(namespace)
@@ -77,7 +75,7 @@ class Feedback(Remembering):
             if confirmation is not None and memory.last_confirmation_id == confirmation:
                 return ConfirmResult(memory.id, confirmed=False, duplicate=True,
                                      validity=self.validity_of(memory))
-            writer.confirm(memory.id, now=now, depth_step=CONFIRM_DEPTH, evidence=str(evidence), source=stamped,
+            writer.confirm(memory.id, now=now, depth_step=CONFIRM_DEPTH, evidence=kind, source=stamped,
                            confirmation_id=confirmation)
             fresh = writer.memory(memory.id)
             assert fresh is not None
