@@ -12,9 +12,6 @@ from keymem_daemon.engine.freshness import Validity, freshness, rank_factor, val
 from keymem_daemon.engine.indexes import GraphIndexes
 from keymem_daemon.engine.keys import KeyInfo
 from keymem_daemon.engine.ports import Reader
-
-if TYPE_CHECKING:
-    from keymem_daemon.engine.retrieval import Member
 from keymem_daemon.engine.records import (
     BrowseResult,
     Handle,
@@ -32,6 +29,9 @@ from keymem_daemon.engine.records import (
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.engine.validate import key_id_arg, namespace_arg, require_str
 from keymem_daemon.errors import NotFound, Refused
+
+if TYPE_CHECKING:
+    from keymem_daemon.engine.retrieval import Member
 
 logger = logging.getLogger(__name__)
 
