@@ -26,50 +26,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.indexes import (
-    VOCABULARY_META,
-    Clock,
-    KeyCounts,
-    vector_bytes,
-    vector_from,
-    vector_problem,
-)
-from keymem_daemon.engine.links import (
-    CORRECT_PENALTY,
-    DISMISS,
-    EXPLORED_DECAY,
-    HOP_REINFORCE,
-    LINK_DEFAULT,
-    LINK_MAX,
-    LINK_MIN,
-    REINFORCE,
-    clamp_weight,
-)
+from keymem_daemon.engine.indexes import VOCABULARY_META, Clock, vector_bytes, vector_problem
+from keymem_daemon.engine.links import EXPLORED_DECAY, HOP_REINFORCE, LINK_MAX, LINK_MIN, REINFORCE
 from keymem_daemon.engine.records import ReadKeyResult
 from keymem_daemon.engine.text import Analyzer
-from keymem_daemon.engine.validate import EVIDENCE_KINDS, ID_PATTERN, parse_observed_at
 from keymem_daemon.engine.writes.maintenance import Maintenance
-from keymem_daemon.engine.writes.remember import (
-    MAX_SOURCE_CHARS,
-    MAX_STORED_SOURCE_CHARS,
-    Host,
-    dedup_hash,
-    iso,
-    new_id,
-)
+from keymem_daemon.engine.writes.remember import MAX_STORED_SOURCE_CHARS, Host, dedup_hash
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.inference.embedders import Embedder
 
 if TYPE_CHECKING:
     from keymem_daemon.store.sqlite.database import Store
 
-# The names other modules import from here (until they import them from their home).
+# The names other modules import from here (retrieval.py, transfer.py, the daemon, tests) until
+# they import them from their home module.
 __all__ = [
-    "CORRECT_PENALTY", "DISMISS", "EVIDENCE_KINDS", "EXPLORED_DECAY", "HOP_REINFORCE", "ID_PATTERN",
-    "LINK_DEFAULT", "LINK_MAX", "LINK_MIN", "MAX_SOURCE_CHARS",
-    "MAX_STORED_SOURCE_CHARS", "REINFORCE", "VOCABULARY_META", "Clock", "Host", "KeyCounts",
-    "MemoryGraph", "clamp_weight", "dedup_hash", "iso", "new_id", "parse_observed_at", "vector_bytes",
-    "vector_from", "vector_problem",
+    "EXPLORED_DECAY", "HOP_REINFORCE", "LINK_MAX", "LINK_MIN", "MAX_STORED_SOURCE_CHARS", "REINFORCE",
+    "VOCABULARY_META", "Host", "MemoryGraph", "dedup_hash", "vector_bytes", "vector_problem",
 ]
 
 # read_key ranks at least KEY_POOL_MIN members of a key, and KEY_POOL_PAGES times the pages
