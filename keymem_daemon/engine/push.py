@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import re
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -44,8 +43,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from keymem_daemon.engine.ports import Reader, Scope
 from keymem_daemon.engine.records import KeyRef
-from keymem_daemon.engine.retrieval import MIN_CORPUS, Scope, hybrid_recall, links_of, plan_query, sigmoid
+from keymem_daemon.engine.retrieval import MIN_CORPUS, hybrid_recall, plan_query, sigmoid
 from keymem_daemon.engine.text import STOPWORDS, has_hangul, normalize, script_of, sound_skeleton, truncate
 
 if TYPE_CHECKING:
@@ -699,12 +699,9 @@ def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: S
     ids = [h.id for h in hits]
     literal = graph.keys.literal_ids(plan.literal_forms)
 
-    def read(conn: sqlite3.Connection) -> tuple[dict[str, dict[str, tuple[float, bool]]], dict[str, list[str]]]:
-        links = links_of(conn, ids)
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(f"SELECT m.id, f.content_tokens FROM memories m JOIN memory_fts f ON f.rowid = m.rowid "
-                            f"WHERE m.id IN ({marks})", ids).fetchall()
-        return links, {r[0]: str(r[1] or "").split() for r in rows}
+    def read(reader: Reader) -> tuple[dict[str, dict[str, tuple[float, bool]]], dict[str, list[str]]]:
+        indexed = reader.indexed_tokens(ids)
+        return reader.links_of(ids), {mid: content for mid, (content, _) in indexed.items()}
 
     links, tokens = graph.store.read(read)
     key_ids = sorted({k for mid in ids for k, (_, auto) in links.get(mid, {}).items() if not auto})

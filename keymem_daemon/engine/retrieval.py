@@ -20,12 +20,10 @@ The scoring helpers at the top are pure functions; the rest read through a ``Mem
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
-import sqlite3
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final
@@ -34,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keymem_daemon.engine.dates import Window, find_window
+from keymem_daemon.engine.ports import Reader, Scope, Writer
 from keymem_daemon.engine.records import (
     CompactKey,
     ConnectedKey,
@@ -57,13 +56,9 @@ from keymem_daemon.engine.text import (
 )
 from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import InvalidInput
-from keymem_daemon.store.sqlite.memories import ACTIVE, get_memories
-from keymem_daemon.store.sqlite.rows import rows_in
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import Host, MemoryGraph
-
-logger = logging.getLogger(__name__)
 
 CHANNEL_DEPTH: Final = 50
 KEY_PATH_KEYS: Final = 10
@@ -115,9 +110,6 @@ MIN_ANCHOR: Final = 0.35
 # (LoCoMo R@5 .668 -> .673, multi-hop .662 -> .676; the Korean/English set unchanged).
 REDUNDANT_COSINE: Final = 0.8
 REPEAT_POOL: Final = 20
-# FTS5 bm25() weights for (content_tokens, key_tokens).
-LEXICAL_WEIGHTS: Final = (1.0, 0.6)
-LEXICAL_OVERFETCH: Final = 4
 # Above this many members a key's memories are found through the query's own candidates.
 HUB_SCAN: Final = 500
 # Content-only admission of a key in recall(): a member whose relevance (coverage mixed
@@ -129,8 +121,6 @@ NO_MATCH_NOTE: Final = (
     "No key cleared the recall gate. If a nearest_keys concept matches the topic, retry recall with that "
     "concept (or read_key it directly); otherwise browse_keys(namespace) to see the vocabulary."
 )
-
-Scope = frozenset[str] | None
 
 
 # -- pure scoring helpers --------------------------------------------------------------
@@ -165,12 +155,6 @@ def without_repeats(scores: Sequence[float], sims: npt.NDArray[np.float32], k: i
         left[best] = False
         repeat = np.maximum(repeat, sims[best])
     return placed + np.flatnonzero(left).tolist()
-
-
-def fts_query(tokens: Iterable[str]) -> str | None:
-    """An FTS5 MATCH expression that ORs the distinct tokens, each quoted."""
-    quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(tokens) if t]
-    return " OR ".join(quoted) if quoted else None
 
 
 # -- comparison queries (task-evidence selection) ---------------------------------------
@@ -308,13 +292,6 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     )
 
 
-def scope_clause(scope: Scope) -> tuple[str, list[Any]]:
-    if scope is None:
-        return "", []
-    marks = ",".join("?" * len(scope))
-    return f" AND m.namespace IN ({marks})", sorted(scope)
-
-
 def scope_of(namespace: str | None) -> Scope:
     return None if namespace is None else frozenset({namespace})
 
@@ -360,45 +337,10 @@ def matched_keys(graph: MemoryGraph, scores: KeyScores, limit: int) -> list[tupl
     return [(kid, strength, lit) for kid, (strength, lit) in ranked[:limit]]
 
 
-def lexical(conn: sqlite3.Connection, tokens: Sequence[str], scope: Scope, now: float,
+def lexical(reader: Reader, tokens: Sequence[str], scope: Scope, now: float,
             limit: int = CHANNEL_DEPTH) -> list[tuple[str, float]]:
     """BM25 over content and key tokens: (memory id, score >= 0), best first."""
-    match = fts_query(tokens)
-    if match is None:
-        return []
-    bm25 = f"bm25(memory_fts, {LEXICAL_WEIGHTS[0]}, {LEXICAL_WEIGHTS[1]})"
-    fetch = LEXICAL_OVERFETCH * limit
-    try:
-        # The index alone first: joining every match to ``memories`` before the LIMIT costs
-        # about three times as much on a large store.
-        ranked = conn.execute(f"SELECT rowid, {bm25} AS s FROM memory_fts WHERE memory_fts MATCH ? "
-                              f"ORDER BY s LIMIT ?", (match, fetch)).fetchall()
-        if not ranked:
-            return []
-        marks = ",".join("?" * len(ranked))
-        rows = {r[0]: r for r in conn.execute(
-            f"SELECT rowid, id, namespace, expires_at, superseded_by FROM memories WHERE rowid IN ({marks})",
-            [r[0] for r in ranked])}
-        out = []
-        for rowid, score in ranked:
-            row = rows.get(rowid)
-            if row is None or row[4] is not None or (row[3] is not None and now > row[3]) \
-                    or (scope is not None and row[2] not in scope):
-                continue
-            out.append((row[1], -float(score)))
-        if len(out) >= limit or len(ranked) < fetch:
-            return out[:limit]
-        # Most matches lie outside the scope (a small namespace): let SQLite filter them.
-
-        where, params = scope_clause(scope)
-        rows_scoped = conn.execute(
-            f"SELECT m.id, {bm25} AS s FROM memory_fts JOIN memories m ON m.rowid = memory_fts.rowid "
-            f"WHERE memory_fts MATCH ? AND {ACTIVE}{where} ORDER BY s LIMIT ?",
-            [match, now, *params, limit]).fetchall()
-    except sqlite3.OperationalError as exc:
-        logger.warning("lexical search skipped: %s", exc)
-        return []
-    return [(r[0], -float(r[1])) for r in rows_scoped]
+    return reader.lexical_hits(tokens, scope, now, limit)
 
 
 def dense(graph: MemoryGraph, vector: npt.NDArray[np.float32], scope: Scope,
@@ -414,28 +356,10 @@ def dense(graph: MemoryGraph, vector: npt.NDArray[np.float32], scope: Scope,
     return [(snap.ids[i], float(sims[i])) for i in top_indices(sims, limit) if sims[i] > 0]
 
 
-def key_members(conn: sqlite3.Connection, key_ids: Sequence[str], scope: Scope, now: float,
+def key_members(reader: Reader, key_ids: Sequence[str], scope: Scope, now: float,
                 per_key: int = 2000) -> dict[str, list[tuple[str, float]]]:
     """Active members of each key in scope: key -> [(memory id, link weight)]."""
-
-    where, params = scope_clause(scope)
-    out: dict[str, list[tuple[str, float]]] = {}
-    for kid in key_ids:
-        rows = conn.execute(
-            f"SELECT l.memory_id, l.weight FROM links l JOIN memories m ON m.id = l.memory_id "
-            f"WHERE l.key_id = ? AND {ACTIVE}{where} ORDER BY l.weight DESC LIMIT ?",
-            [kid, now, *params, per_key]).fetchall()
-        out[kid] = [(r[0], float(r[1])) for r in rows]
-    return out
-
-
-def links_of(conn: sqlite3.Connection, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
-    """memory -> {key id: (weight, auto)}."""
-    out: dict[str, dict[str, tuple[float, bool]]] = {}
-    for mid, kid, weight, auto in rows_in(conn, "SELECT memory_id, key_id, weight, auto FROM links "
-                                                "WHERE memory_id IN ({marks})", list(dict.fromkeys(memory_ids))):
-        out.setdefault(mid, {})[kid] = (float(weight), bool(auto))
-    return out
+    return reader.key_members(key_ids, scope, now, per_key)
 
 
 # -- ranking a key's members (read_key and the passive Top-1) ---------------------------
@@ -449,13 +373,13 @@ class Member:
     score: float
 
 
-def member_relevance(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
+def member_relevance(graph: MemoryGraph, reader: Reader, plan: QueryPlan,
                      memories: Sequence[Memory]) -> dict[str, float]:
     """Content relevance in [0, 1] of each memory to the query: its query coverage mixed
     with its body cosine (the cross-encoder's, for the best members, in ``_reranked``)."""
     if not memories:
         return {}
-    cover = coverage_scores(graph, conn, plan, memories)
+    cover = coverage_scores(graph, reader, plan, memories)
     cosines = graph.bodies.cosines([m.id for m in memories], plan.focus_vector)
     return {m.id: relevance(cover.get(m.id, 0.0), float(cosines[m.id][0]) if m.id in cosines else 0.0)
             for m in memories}
@@ -475,36 +399,31 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
     scope = scope_of(namespace)
     total = graph.key_counts([key_id], scope, now).get(key_id)
 
-    def read(conn: sqlite3.Connection) -> tuple[list[Member], int]:
+    def read(reader: Reader) -> tuple[list[Member], int]:
         if plan is not None and pool is not None and total > HUB_SCAN:
             # A very large hub: its best members for this query are among the query's own
             # lexical candidates (or its strongest links); a scan of all its links would
             # cost tens of milliseconds.
             close = list(near) if near is not None else [
-                m for m, _ in lexical(conn, plan.match_tokens, scope, now, limit=2 * CHANNEL_DEPTH)]
-            marks = ",".join("?" * len(close))
-            rows = conn.execute(f"SELECT memory_id, weight FROM links WHERE key_id = ? AND memory_id IN ({marks})",
-                                [key_id, *close]).fetchall() if close else []
-            rows += conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ? ORDER BY weight DESC "
-                                 "LIMIT ?", (key_id, pool)).fetchall()
-            weights = {r[0]: float(r[1]) for r in rows}
+                m for m, _ in lexical(reader, plan.match_tokens, scope, now, limit=2 * CHANNEL_DEPTH)]
+            rows = reader.key_links(key_id, among=close) + reader.key_links(key_id, strongest=pool)
+            weights = dict(rows)
             ids = _prefilter(graph, plan, list(weights), weights, 2 * pool, scope)
         elif plan is not None and pool is not None and total > pool:
             # A hub: rank its members on a cheap signal (body cosine x link weight) straight
             # from the link index and the body table, then score only the best ones properly.
-            links = conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ?", (key_id,)).fetchall()
-            weights = {r[0]: float(r[1]) for r in links}
+            weights = dict(reader.key_links(key_id))
             ids = _prefilter(graph, plan, list(weights), weights, 2 * pool, scope)
         else:
-            members = key_members(conn, [key_id], scope, now, per_key=1_000_000)[key_id]
+            members = key_members(reader, [key_id], scope, now, per_key=1_000_000)[key_id]
             weights = dict(members)
             ids = list(weights)
-        found = get_memories(conn, ids)
+        found = reader.memories(ids)
         memories = [found[m] for m in ids if m in found and found[m].active(now)
                     and (scope is None or found[m].namespace in scope)][: pool or None]
         relevance: dict[str, float] = {}
         if plan is not None:
-            relevance = member_relevance(graph, conn, plan, memories)
+            relevance = member_relevance(graph, reader, plan, memories)
 
         def member(m: Memory, rel: float | None) -> Member:
             base = (rel if rel is not None else 1.0) * weights[m.id]
@@ -596,7 +515,7 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     graph.buffer.push(query, weak)
     _count_alias_hits(graph, plan, scores)
 
-    def read(conn: sqlite3.Connection) -> tuple[list[CompactKey], int]:
+    def read(reader: Reader) -> tuple[list[CompactKey], int]:
         out: list[CompactKey] = []
         claimed: set[str] = set()
         counts: dict[str, int] = {}
@@ -622,7 +541,7 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
                 memory_count=n, is_hub=view.is_hub, specificity=view.specificity))
             if len(out) >= top_k:
                 break
-        total = graph.count_active(conn, ns, now) if explain or not out else 0
+        total = reader.count_active(ns, now) if explain or not out else 0
         return out, total
 
     keys, ns_total = graph.store.read(read)
@@ -661,14 +580,14 @@ def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: flo
     A key whose text is far from the query still surfaces when one of its memories answers
     it (relevance at or above CONTENT_GATE, the same measure the push path uses)."""
 
-    def read(conn: sqlite3.Connection) -> tuple[dict[str, tuple[float, str]], list[str]]:
+    def read(reader: Reader) -> tuple[dict[str, tuple[float, str]], list[str]]:
 
         # Lexical candidates only: a scan of every body vector here cost a large store ~15 ms
         # per recall and changed no result on the benchmarks (the key sims cover semantics).
-        near = [mid for mid, _ in lexical(conn, cue.match_tokens, scope_of(ns), now, limit=2 * CHANNEL_DEPTH)]
-        found = get_memories(conn, near[:CHANNEL_DEPTH])
+        near = [mid for mid, _ in lexical(reader, cue.match_tokens, scope_of(ns), now, limit=2 * CHANNEL_DEPTH)]
+        found = reader.memories(near[:CHANNEL_DEPTH])
         live = [m for m in found.values() if m.active(now)]
-        cover = coverage_scores(graph, conn, cue, live)
+        cover = coverage_scores(graph, reader, cue, live)
         per_memory: dict[str, float] = {}
         cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
         for m in live:
@@ -677,7 +596,7 @@ def _content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: flo
             if value >= CONTENT_GATE:
                 per_memory[m.id] = value * graph.rank_factor_of(m, now)
         out: dict[str, tuple[float, str]] = {}
-        for mid, keys in links_of(conn, per_memory).items():
+        for mid, keys in reader.links_of(per_memory).items():
             for kid, (_, auto) in keys.items():
                 if not auto and per_memory[mid] > out.get(kid, (0.0, ""))[0]:
                     out[kid] = (per_memory[mid], mid)
@@ -739,7 +658,7 @@ def nearest_keys(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores, ns: str
         return []
     order = top_indices(scores.sims, 50)
 
-    def read(conn: sqlite3.Connection) -> list[NearestKey]:
+    def read(reader: Reader) -> list[NearestKey]:
         ids = [scores.ids[i] for i in order]
         counts = graph.key_counts(ids, ns, now)
         out = []
@@ -768,9 +687,9 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
     memory = best.memory
     now = graph.clock()
 
-    def read(conn: sqlite3.Connection) -> tuple[list[ConnectedKey], list[str] | None]:
+    def read(reader: Reader) -> tuple[list[ConnectedKey], list[str] | None]:
         connected = []
-        for kid, (_, auto) in links_of(conn, [memory.id]).get(memory.id, {}).items():
+        for kid, (_, auto) in reader.links_of([memory.id]).get(memory.id, {}).items():
             info = graph.keys.get(kid)
             vector = graph.keys.vectors.get(kid)
             if info is None or auto:
@@ -778,7 +697,7 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
             relevance = float(vector @ cue.vector) if vector is not None else 0.0
             connected.append(ConnectedKey(concept=info.concept, key_id=kid, relevance=round(relevance, 3)))
         connected.sort(key=lambda c: -c.relevance)
-        return connected, graph.batch_siblings(conn, memory, now)
+        return connected, reader.batch_siblings(memory, now)
 
     connected, siblings = graph.store.read(read)
     content, cut = truncate(memory.content, max(256, min(20000, max_chars)))
@@ -822,7 +741,7 @@ def relevance(coverage: float, cosine: float) -> float:
     return (coverage + DENSE_WEIGHT * max(0.0, cosine)) / (1.0 + DENSE_WEIGHT)
 
 
-def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPlan,
+def coverage_scores(graph: MemoryGraph, reader: Reader, plan: QueryPlan,
                     memories: Sequence[Memory],
                     link_map: Mapping[str, Mapping[str, tuple[float, bool]]] | None = None,
                     cross: Mapping[str, float] | None = None) -> dict[str, float]:
@@ -839,12 +758,10 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
         return {m.id: 0.0 for m in memories}
     total = sum(plan.weights[t] for t in tokens)
     weights = np.array([plan.weights[t] for t in tokens])
-    indexed = {rowid: (content.split(), keys.split()) for rowid, content, keys in rows_in(
-        conn, "SELECT rowid, content_tokens, key_tokens FROM memory_fts WHERE rowid IN ({marks})",
-        [m.rowid for m in memories])}
-    texts = {rowid: {*content, *keys} for rowid, (content, keys) in indexed.items()}
+    indexed = reader.indexed_tokens([m.id for m in memories])
+    texts = {mid: {*content, *keys} for mid, (content, keys) in indexed.items()}
     if link_map is None:
-        link_map = links_of(conn, [m.id for m in memories])
+        link_map = reader.links_of([m.id for m in memories])
     key_ids = sorted({k for keys in link_map.values() for k in keys})
     column = {k: i for i, k in enumerate(key_ids)}
     with_vectors = [i for i, t in enumerate(tokens) if t in plan.token_vectors]
@@ -870,7 +787,7 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
 
     matches: dict[str, list[float]] = {}
     for m in memories:
-        words = texts.get(m.rowid, set())
+        words = texts.get(m.id, set())
         match = [1.0 if t in words else 0.0 for t in tokens]
         for kid in link_map.get(m.id, {}):
             key_sims = soft_of.get(kid)
@@ -880,7 +797,7 @@ def coverage_scores(graph: MemoryGraph, conn: sqlite3.Connection, plan: QueryPla
     if cross and with_vectors:
         pool = sorted((m for m in memories if m.id in cross),
                       key=lambda m: -relevance(share(matches[m.id]), cross[m.id]))[:CROSS_POOL]
-        hangul = {m.id: _hangul_words(indexed.get(m.rowid, ([], []))[0]) for m in pool}
+        hangul = {m.id: _hangul_words(indexed.get(m.id, ([], []))[0]) for m in pool}
         _cross_script_words(graph, plan, tokens, pool, matches, hangul)
     return {mid: share(match) for mid, match in matches.items()}
 
@@ -992,7 +909,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     keys = matched_keys(graph, scores, KEY_PATH_KEYS)
     hops = min(5, max(1, hops))
 
-    def read(conn: sqlite3.Connection) -> tuple[dict[str, Candidate], dict[str, Memory],
+    def read(reader: Reader) -> tuple[dict[str, Candidate], dict[str, Memory],
                                                  dict[str, dict[str, tuple[float, bool]]]]:
 
         cands: dict[str, Candidate] = {}
@@ -1003,7 +920,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                 c = cands[mid] = Candidate(mid)
             return c
 
-        for mid, _ in lexical(conn, cue.match_tokens, scope, now, limit=CANDIDATE_DEPTH):
+        for mid, _ in lexical(reader, cue.match_tokens, scope, now, limit=CANDIDATE_DEPTH):
             cand(mid).tag("(bm25)")
         for mid, cos in dense(graph, cue.focus_vector, scope, limit=CANDIDATE_DEPTH):
             if cos >= DENSE_ADMIT:
@@ -1019,7 +936,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
             if 0 < sizes.get(kid, 0) <= KEY_PATH_MEMBERS:
                 narrow.append(kid)
                 budget -= sizes[kid]
-        members = key_members(conn, narrow, scope, now)
+        members = key_members(reader, narrow, scope, now)
         for kid in narrow:
             info = graph.keys.get(kid)
             for mid, _ in members.get(kid, []):
@@ -1027,28 +944,22 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                 if info is not None:
                     c.tag(info.concept)
         if plan.window is not None:
-            where, params = scope_clause(scope)
-            rows = conn.execute(
-                f"SELECT m.id FROM memories m WHERE COALESCE(m.observed_at, m.created_at) >= ? AND "
-                f"COALESCE(m.observed_at, m.created_at) < ? AND {ACTIVE}{where} "
-                f"ORDER BY COALESCE(m.observed_at, m.created_at) DESC LIMIT {WINDOW_MEMBERS}",
-                [plan.window.start, plan.window.end, now, *params]).fetchall()
             # A memory observed in the named period joins the pool even if no channel saw it.
-            for (mid,) in rows:
+            for mid in reader.observed_between(plan.window.start, plan.window.end, scope, now, WINDOW_MEMBERS):
                 cand(mid).tag("(date)")
-        found = get_memories(conn, cands)
+        found = reader.memories(cands)
         live = [found[mid] for mid in cands if mid in found and found[mid].active(now)
                 and (scope is None or found[mid].namespace in scope)]
         for mid in set(cands) - {m.id for m in live}:
             del cands[mid]
-        link_map = links_of(conn, cands)
+        link_map = reader.links_of(cands)
         # Words of a memory written in the other script can cover the query's words only
         # through its meaning; that is weighed for the memories the key path or the dense
         # channel reached (a lexical-only candidate shares the query's script already).
         cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
         cross = {m.id: float(max(cosines[m.id])) if m.id in cosines else 0.0 for m in live
                  if any(v != "(bm25)" and v != "(date)" for v in cands[m.id].via)}
-        cover = coverage_scores(graph, conn, cue, live, link_map, cross)
+        cover = coverage_scores(graph, reader, cue, live, link_map, cross)
         for m in live:
             c = cands[m.id]
             c.coverage = cover.get(m.id, 0.0)
@@ -1088,7 +999,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         for mid, extra in bonus.items():
             cands[mid].score += extra
         if hops >= 2 and cands:
-            _expand(graph, conn, cands, found, link_map, scope, now, hops)
+            _expand(graph, reader, cands, found, link_map, scope, now, hops)
         return cands, found, link_map
 
     cands, found, link_map = graph.store.read(read)
@@ -1116,7 +1027,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     return HybridResult(hits, [k for k, _, _ in keys], True)
 
 
-def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candidate], found: dict[str, Memory],
+def _expand(graph: MemoryGraph, reader: Reader, cands: dict[str, Candidate], found: dict[str, Memory],
             link_map: dict[str, dict[str, tuple[float, bool]]], scope: Scope, now: float, hops: int) -> None:
     """Spread activation along narrow keys and explicit links, hop by hop. A wide (hub) key
     says little about association, so only keys with few members carry a hop."""
@@ -1127,7 +1038,7 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
         gains: dict[str, tuple[float, str | None, str]] = {}
         key_ids = {kid for mid in frontier for kid, (_, auto) in link_map.get(mid, {}).items() if not auto}
         sizes = graph.key_counts(key_ids, scope, now).counts
-        members = key_members(conn, sorted(k for k in key_ids if sizes.get(k, 0) <= HOP_KEY_MAX_MEMBERS), scope,
+        members = key_members(reader, sorted(k for k in key_ids if sizes.get(k, 0) <= HOP_KEY_MAX_MEMBERS), scope,
                               now)
         for mid in frontier:
             source = cands[mid]
@@ -1143,9 +1054,7 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
                     label = f"{info.concept}(via)" if info is not None and mid in anchored else ""
                     prev = gains.get(other)
                     gains[other] = ((prev[0] if prev else 0.0) + gain, kid, label)
-            for (other,) in conn.execute(
-                    "SELECT to_id FROM relations WHERE from_id = ? UNION SELECT from_id FROM relations WHERE to_id = ?",
-                    (mid, mid)):
+            for other in reader.related_either_way(mid):
                 if other in cands:
                     continue
                 prev = gains.get(other)
@@ -1153,7 +1062,7 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
                                 "(linked)" if mid in anchored else "")
         if not gains:
             return
-        more = get_memories(conn, gains)
+        more = reader.memories(gains)
         frontier = []
         for other, (gain, via_key, label) in gains.items():
             m = more.get(other)
@@ -1167,7 +1076,7 @@ def _expand(graph: MemoryGraph, conn: sqlite3.Connection, cands: dict[str, Candi
                 anchored.add(other)
             cands[other] = c
             frontier.append(other)
-        link_map.update(links_of(conn, frontier))
+        link_map.update(reader.links_of(frontier))
 
 
 def _skip_repeats(graph: MemoryGraph, ranked: list[Candidate], top_k: int) -> list[Candidate]:
@@ -1222,17 +1131,10 @@ def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequenc
         (REINFORCE, kid, top) for kid in link_map.get(top, {}) if kid in matched_set]
     bumps += [(HOP_REINFORCE, c.hop_key, c.memory_id) for c in chosen[1:] if c.hop >= 2 and c.hop_key]
 
-    def write(tx: Any) -> None:
-        conn = tx.conn
-        conn.executemany("UPDATE memories SET access_count = access_count + 1, last_accessed = ? WHERE id = ?",
-                         [(now, mid) for mid in returned])
-        conn.executemany(f"UPDATE links SET weight = MIN({LINK_MAX}, weight + ?) WHERE key_id = ? AND memory_id = ?",
-                         bumps)
-        if matched_set:
-            marks = ",".join("?" * len(matched_set))
-            skip = ",".join("?" * len(returned))
-            conn.execute(f"UPDATE links SET weight = MAX({LINK_MIN}, weight - ?) WHERE key_id IN ({marks}) "
-                         f"AND memory_id NOT IN ({skip})", [EXPLORED_DECAY, *matched_set, *returned])
+    def write(writer: Writer) -> None:
+        writer.mark_accessed(returned, now)
+        writer.bump_links(bumps, ceiling=LINK_MAX)
+        writer.decay_links(matched_set, returned, EXPLORED_DECAY, floor=LINK_MIN)
 
     graph.store.write(write)
 
@@ -1241,9 +1143,9 @@ def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, M
           link_map: Mapping[str, Mapping[str, tuple[float, bool]]], max_chars: int | None) -> list[Hit]:
     now = graph.clock()
 
-    def read(conn: sqlite3.Connection) -> list[Hit]:
+    def read(reader: Reader) -> list[Hit]:
 
-        fresh = get_memories(conn, [c.memory_id for c in chosen])
+        fresh = reader.memories([c.memory_id for c in chosen])
         out = []
         for c in chosen:
             m = fresh.get(c.memory_id) or found[c.memory_id]
@@ -1254,8 +1156,8 @@ def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, M
                 score=round(c.score, 6), rank_score=round(c.score, 6), relevance_score=round(c.raw, 3),
                 depth=round(m.depth, 3), access_count=m.access_count, source=m.source, supersedes=m.supersedes,
                 created_at=m.created_at, observed_at=m.observed_at, namespace=m.namespace,
-                related_to=graph.related_ids(conn, m.id), validity=graph.validity_of(m),
-                batch_sibling_ids=graph.batch_siblings(conn, m, now),
+                related_to=reader.related_ids(m.id), validity=graph.validity_of(m),
+                batch_sibling_ids=reader.batch_siblings(m, now),
                 content_truncated=True if cut else None, content_chars=len(m.content) if cut else None))
         return out
 

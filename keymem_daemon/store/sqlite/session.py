@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keymem_daemon.store.sqlite.memories import MemoryRows
+from keymem_daemon.store.sqlite.search import SearchRows, SearchWriteRows
+from keymem_daemon.store.sqlite.transfer import TransferRows, TransferWriteRows
 
 
 @dataclass(slots=True)
-class SqliteReader(MemoryRows):
+class SqliteReader(MemoryRows, SearchRows, TransferRows):
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
@@ -38,7 +40,7 @@ class SqliteReader(MemoryRows):
 
 
 @dataclass(slots=True)
-class SqliteWriter(SqliteReader):
+class SqliteWriter(SqliteReader, SearchWriteRows, TransferWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
