@@ -1,4 +1,4 @@
-"""Fit the push path's decision (keymem_daemon/engine/push.py WEIGHTS, BIAS, the floor) on dev.
+"""Fit the push path's decision (keymem_daemon/engine/reads/inject.py WEIGHTS, BIAS, the floor) on dev.
 
     python scripts/fit_push.py [--features bench-out/push-features.json] [--reuse] [--split dev]
 
