@@ -411,7 +411,7 @@ def _record(where: str) -> Iterator[None]:
 
 def _write(graph: MemoryGraph, tx: Writer, plan: _Plan, key_vectors: Mapping[str, bytes],
            body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
-    graph.sync_vocabulary(tx)  # type: ignore[arg-type]  # the graph takes a ports.Writer once its SQL moves
+    graph.sync_vocabulary(tx)
     key_map: dict[str, str] = {}
     imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
     skipped = {"keys": 0, "memories": 0}
@@ -426,21 +426,21 @@ def _write(graph: MemoryGraph, tx: Writer, plan: _Plan, key_vectors: Mapping[str
         if link["memory_id"] not in new_memories:
             continue
         with _record(f"links[{i}]"):
-            added = tx.add_link(key_map[link["key_id"]], link["memory_id"], link["weight"], auto=link["auto"])
+            added = tx.import_link(key_map[link["key_id"]], link["memory_id"], link["weight"], auto=link["auto"])
         imported["links"] += added
     for a, b in plan.relations:
         if a in new_memories:
-            imported["relations"] += tx.add_relation(a, b)
+            imported["relations"] += tx.import_relation(a, b)
     for i, c in enumerate(plan.candidates):
         with _record(f"alias_candidates[{i}]"):
-            tx.add_alias_candidate(key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"],
+            tx.import_alias_candidate(key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"],
                                    c["last_seen"])
     # A supersession pointing outside the store would hide a memory forever: drop it.
     tx.drop_dangling_supersessions()
     for mid in new_memories:
         memory = tx.memory(mid)
         if memory is not None and memory.superseded_by is None:
-            graph.index_memory(tx, mid, tokens.get(mid))  # type: ignore[arg-type]  # as sync_vocabulary
+            graph.index_memory(tx, mid, tokens.get(mid))
     return {"imported": imported, "skipped": skipped}
 
 
@@ -452,13 +452,13 @@ def _write_key(graph: MemoryGraph, tx: Writer, k: Mapping[str, Any], key_vectors
         skipped["keys"] += 1
     else:
         key_map[k["id"]] = k["id"]
-        tx.add_key(k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
+        tx.import_key(k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
                    k["key_type"], key_vectors[k["id"]], k["created_at"])
         imported["keys"] += 1
     for a in k["aliases"]:
         if normalize(a["alias"]) == normalize(k["concept"]):
             continue
-        tx.add_alias(key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
+        tx.import_alias(key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
                      learned=a["learned"], added_at=a["added_at"], hits=a["hits"])
 
 
@@ -468,5 +468,5 @@ def _write_memory(tx: Writer, m: Mapping[str, Any], body_vectors: Mapping[str, b
         skipped["memories"] += 1
         return
     new_memories.add(m["id"])
-    tx.add_memory_row(m, dedup_hash(m["content"]), body_vectors[m["id"]])
+    tx.import_memory(m, dedup_hash(m["content"]), body_vectors[m["id"]])
     imported["memories"] += 1

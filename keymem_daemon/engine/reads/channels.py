@@ -220,7 +220,7 @@ def coverage_scores(graph: MemoryGraph, reader: Reader, plan: QueryPlan,
     indexed = reader.indexed_tokens([m.id for m in memories])
     texts = {mid: {*content, *keys} for mid, (content, keys) in indexed.items()}
     if link_map is None:
-        link_map = reader.links_of([m.id for m in memories])
+        link_map = reader.links_by_memory([m.id for m in memories])
     key_ids = sorted({k for keys in link_map.values() for k in keys})
     column = {k: i for i, k in enumerate(key_ids)}
     with_vectors = [i for i, t in enumerate(tokens) if t in plan.token_vectors]
@@ -344,7 +344,7 @@ def content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: floa
             if value >= CONTENT_GATE:
                 per_memory[m.id] = value * graph.rank_factor_of(m, now)
         out: dict[str, tuple[float, str]] = {}
-        for mid, keys in reader.links_of(per_memory).items():
+        for mid, keys in reader.links_by_memory(per_memory).items():
             for kid, (_, auto) in keys.items():
                 if not auto and per_memory[mid] > out.get(kid, (0.0, ""))[0]:
                     out[kid] = (per_memory[mid], mid)
@@ -406,4 +406,4 @@ def expand(graph: MemoryGraph, reader: Reader, cands: dict[str, Candidate], foun
                 anchored.add(other)
             cands[other] = c
             frontier.append(other)
-        link_map.update(reader.links_of(frontier))
+        link_map.update(reader.links_by_memory(frontier))

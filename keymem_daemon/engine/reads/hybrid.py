@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from keymem_daemon.engine.graph import EXPLORED_DECAY, HOP_REINFORCE, LINK_MAX, LINK_MIN, REINFORCE
+from keymem_daemon.engine import limits
+from keymem_daemon.engine.links import EXPLORED_DECAY, HOP_REINFORCE, LINK_MAX, LINK_MIN, REINFORCE
 from keymem_daemon.engine.ports import Reader, Scope, Writer
 from keymem_daemon.engine.reads.channels import (
     DATE,
@@ -80,10 +81,6 @@ REPEAT_POOL: Final = 20
 # the fewer whose specific keys do (PRF_WEIGHT).
 EPISODE_SEEDS: Final = 5
 PRF_SEEDS: Final = 3
-# Hops: at least one (the direct channels), at most this many.
-MAX_HOPS: Final = 5
-# A context longer than this is cut before it is analysed as the cue.
-CONTEXT_CHARS: Final = 4000
 # Reached only lexically or by a date, a candidate shares the query's script already: the
 # words of its text in the other script are not weighed for it.
 _SAME_SCRIPT: Final = frozenset({Channel.LEXICAL, Channel.DATE})
@@ -113,18 +110,19 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
                   min_rel_score: float = 0.0, min_depth: float = 0.0, reinforce: bool = True,
                   context: str | None = None, max_chars: int | None = None,
                   plan: QueryPlan | None = None, rerank_budget_ms: int | None = None) -> HybridResult:
-    """Memories for a query, best first: ``top_k`` of them; ``hops`` 1-5 (1: the direct
-    channels only); ``min_rel_score`` keeps those scoring at least that share of the best
-    (at most 0.9); ``min_depth`` those at least that deep; ``context`` (when it is not the
-    query) is what the channels search with; ``plan`` spares analysing the query again; a
-    ready cross-encoder reorders within ``rerank_budget_ms`` (default: the tools' budget; the
-    push path passes its own); ``reinforce`` writes what was returned back to its links."""
+    """Memories for a query, best first: ``top_k`` of them; ``hops`` within ``limits.HOPS``
+    (1: the direct channels only); ``min_rel_score`` keeps those scoring at least that share of
+    the best (at most ``limits.MIN_REL_SCORE.high``); ``min_depth`` those at least that deep;
+    ``context`` (when it is not the query) is what the channels search with; ``plan`` spares
+    analysing the query again; a ready cross-encoder reorders within ``rerank_budget_ms``
+    (default: the tools' budget; the push path passes its own); ``reinforce`` writes what was
+    returned back to its links."""
     now = graph.clock()
     plan = plan or plan_query(graph, query)
-    cue = plan if not context or context == query else plan_query(graph, context[:CONTEXT_CHARS])
+    cue = plan if not context or context == query else plan_query(graph, context[:limits.MAX_QUERY_CHARS])
     keys = matched_keys(graph, score_keys(graph, plan), KEY_PATH_KEYS)
     matched = [k for k, _, _ in keys]
-    hops = min(MAX_HOPS, max(1, hops))
+    hops = limits.HOPS.clamp(hops)
     pool = graph.store.read(lambda reader: _gather(graph, reader, plan, cue, matched, scope, now, hops))
     # Anchored when some memory is relevant on its content, or the query reaches a key:
     # keys are how a query in one language reaches memories written in the other.
@@ -153,7 +151,7 @@ def _gather(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan,
             and (scope is None or found[mid].namespace in scope)]
     for mid in set(cands) - {m.id for m in live}:
         del cands[mid]
-    link_map = reader.links_of(cands)
+    link_map = reader.links_by_memory(cands)
     _score(graph, reader, plan, cue, live, cands, link_map, now)
     _share_evidence(graph, live, cands, link_map, scope, now)
     if hops >= 2 and cands:
@@ -258,7 +256,7 @@ def _filtered(pool: _Pool, min_rel_score: float, min_depth: float) -> list[Candi
     """The candidates best first, less those under the caller's floors."""
     ranked = sorted(pool.cands.values(), key=lambda c: -c.score)
     if min_rel_score > 0 and ranked:
-        floor = ranked[0].score * min(0.9, min_rel_score)
+        floor = ranked[0].score * min(limits.MIN_REL_SCORE.high, min_rel_score)
         ranked = [c for c in ranked if c.score >= floor]
     if min_depth > 0:
         ranked = [c for c in ranked if pool.found[c.memory_id].depth >= min_depth]
@@ -341,7 +339,7 @@ def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, M
                 depth=round(m.depth, 3), access_count=m.access_count, source=m.source, supersedes=m.supersedes,
                 created_at=m.created_at, observed_at=m.observed_at, namespace=m.namespace,
                 related_to=reader.related_ids(m.id), validity=graph.validity_of(m),
-                batch_sibling_ids=reader.batch_siblings(m, now),
+                batch_sibling_ids=graph.batch_siblings(reader, m, now),
                 content_truncated=True if cut else None, content_chars=len(m.content) if cut else None))
         return out
 

@@ -700,7 +700,7 @@ def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: S
 
     def read(reader: Reader) -> tuple[dict[str, dict[str, tuple[float, bool]]], dict[str, list[str]]]:
         indexed = reader.indexed_tokens(ids)
-        return reader.links_of(ids), {mid: content for mid, (content, _) in indexed.items()}
+        return reader.links_by_memory(ids), {mid: content for mid, (content, _) in indexed.items()}
 
     links, tokens = graph.store.read(read)
     key_ids = sorted({k for mid in ids for k, (_, auto) in links.get(mid, {}).items() if not auto})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 import numpy.typing as npt
 
+from keymem_daemon.engine import limits
 from keymem_daemon.engine.dates import Window, find_window
 from keymem_daemon.engine.ports import Scope
 from keymem_daemon.engine.text import (
@@ -92,7 +93,7 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     # memory is meant; the dense channel embeds the rest.
     focus = [w.surface for w in content if df.get(w.stem, 0) < COMMON_SHARE * max(1, total)]
     focus_text = " ".join(focus or [w.surface for w in content]) or text
-    vectors = graph.embedder.embed([text[:2000], focus_text[:2000], *terms])
+    vectors = graph.embedder.embed([text[:limits.EMBED_MAX_CHARS], focus_text[:limits.EMBED_MAX_CHARS], *terms])
     by_term = dict(zip(terms, vectors[2:], strict=True))
     token_vectors: dict[str, npt.NDArray[np.float32]] = {}
     for w in content:

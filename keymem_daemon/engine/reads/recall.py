@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from keymem_daemon.engine import limits
 from keymem_daemon.engine.ports import Reader, Scope
 from keymem_daemon.engine.reads.channels import (
     CHANNEL_DEPTH,
@@ -188,7 +189,7 @@ class KeyCandidate:
     similarity: float = 0.0
 
 
-def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k: int = 8,
+def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k: int = limits.RECALL_TOP_K.default,
            context: object = None, explain: bool = False, max_chars: int = 2000,
            host: Host | None = None) -> RecallResult:
     """Ranked key clusters for the query, and the best memory under the best key."""
@@ -197,11 +198,11 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     if context is not None and not isinstance(context, str):
         context = None
     ns = graph.resolve_namespace(namespace)
-    top_k = min(20, max(1, top_k))
-    query = query.strip()[:2000]
+    top_k = limits.RECALL_TOP_K.clamp(top_k)
+    query = query.strip()[:limits.MAX_RECALL_QUERY_CHARS]
     plan = plan_query(graph, query)
     cue_text = context.strip() if isinstance(context, str) and context.strip() else query
-    cue = plan if cue_text == query else plan_query(graph, cue_text[:4000])
+    cue = plan if cue_text == query else plan_query(graph, cue_text[:limits.MAX_QUERY_CHARS])
     now = graph.clock()
     scores = score_keys(graph, plan)
     candidates, weak, near = _key_candidates(graph, plan, cue, scores, ns, now)
@@ -350,7 +351,7 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
 
     def read(reader: Reader) -> tuple[list[ConnectedKey], list[str] | None]:
         connected = []
-        for kid, (_, auto) in reader.links_of([memory.id]).get(memory.id, {}).items():
+        for kid, (_, auto) in reader.links_by_memory([memory.id]).get(memory.id, {}).items():
             info = graph.keys.get(kid)
             vector = graph.keys.vectors.get(kid)
             if info is None or auto:
@@ -358,10 +359,10 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
             relevance = float(vector @ cue.vector) if vector is not None else 0.0
             connected.append(ConnectedKey(concept=info.concept, key_id=kid, relevance=round(relevance, 3)))
         connected.sort(key=lambda c: -c.relevance)
-        return connected, reader.batch_siblings(memory, now)
+        return connected, graph.batch_siblings(reader, memory, now)
 
     connected, siblings = graph.store.read(read)
-    content, cut = truncate(memory.content, max(256, min(20000, max_chars)))
+    content, cut = truncate(memory.content, limits.INJECT_MAX_CHARS.clamp(max_chars))
     auto_confirmed = None
     validity = graph.validity_of(memory)
     if graph.settings.auto_confirm and isinstance(context, str) and context.strip() \

@@ -1,6 +1,10 @@
-"""The reads retrieval and the push path make (FTS5 BM25, key members, links, date windows,
-the relations and batches a hit shows) and the reinforcement a recall writes, as domain
-operations on a reader/writer (``SearchRows``, a mixin of session.SqliteReader)."""
+"""The FTS5 lexical index (``memory_fts``, ``memory_vocab``) and the reads retrieval and the
+push path make.
+
+``LexicalRows``: the index rows the writes keep in step with the memories (and the two reads
+they make of it). ``SearchRows``: BM25 search, key members, links by memory, date windows and
+relations as retrieval reads them; ``SearchWriteRows``: the reinforcement a recall writes.
+"""
 from __future__ import annotations
 
 import logging
@@ -8,7 +12,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from keymem_daemon.engine.records import Memory
+from keymem_daemon.store.sqlite.keys import holding
 from keymem_daemon.store.sqlite.memories import ACTIVE
 from keymem_daemon.store.sqlite.rows import rows_in
 
@@ -36,6 +40,34 @@ def scope_clause(scope: Scope) -> tuple[str, list[Any]]:
         return "", []
     marks = ",".join("?" * len(scope))
     return f" AND m.namespace IN ({marks})", sorted(scope)
+
+
+class LexicalRows:
+    """The lexical-index operations of the writes (a mixin of ``session.SqliteReader``)."""
+
+    _conn: sqlite3.Connection
+
+    def index_memory(self, memory_id: str, content_tokens: str, key_tokens: str) -> None:
+        (rowid,) = self._conn.execute("SELECT rowid FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        self._conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (rowid,))
+        self._conn.execute("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) VALUES (?, ?, ?)",
+                           (rowid, content_tokens, key_tokens))
+
+    def set_key_tokens(self, memory_id: str, key_tokens: str) -> None:
+        self._conn.execute("UPDATE memory_fts SET key_tokens = ? WHERE rowid = "
+                           "(SELECT rowid FROM memories WHERE id = ?)", (key_tokens, memory_id))
+
+    def unindex(self, rowid: int) -> None:
+        self._conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (rowid,))
+
+    def indexed_holding(self, forms: Sequence[str]) -> set[str]:
+        return {r[0] for r in self._conn.execute(
+            f"SELECT m.id FROM memories m JOIN memory_fts f ON f.rowid = m.rowid WHERE {holding('m.content', forms)}",
+            forms)}
+
+    def document_frequencies(self, tokens: Sequence[str]) -> dict[str, int]:
+        return {r[0]: int(r[1]) for r in rows_in(
+            self._conn, "SELECT term, doc FROM memory_vocab WHERE term IN ({marks})", list(tokens))}
 
 
 class SearchRows:
@@ -121,7 +153,7 @@ class SearchRows:
             rows = self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ?", (key_id,)).fetchall()
         return [(r[0], float(r[1])) for r in rows]
 
-    def links_of(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
+    def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
         """Each memory's links: memory -> {key id: (weight, auto)}."""
         out: dict[str, dict[str, tuple[float, bool]]] = {}
         for mid, kid, weight, auto in rows_in(self._conn, "SELECT memory_id, key_id, weight, auto FROM links "
@@ -141,33 +173,10 @@ class SearchRows:
         return [r[0] for r in rows]
 
     def related_either_way(self, memory_id: str) -> list[str]:
-        """Memories an explicit relation joins to this one, in either direction."""
+        """Memories an explicit relation joins to this one, in either direction, each once."""
         return [r[0] for r in self._conn.execute(
             "SELECT to_id FROM relations WHERE from_id = ? UNION SELECT from_id FROM relations WHERE to_id = ?",
             (memory_id, memory_id))]
-
-    def related_ids(self, memory_id: str) -> list[str]:
-        """The memories this one relates to (its own relations), by id."""
-        return [r[0] for r in self._conn.execute(
-            "SELECT to_id FROM relations WHERE from_id = ? ORDER BY to_id", (memory_id,))]
-
-    def batch_siblings(self, memory: Memory, now: float) -> list[str] | None:
-        """The other active memories saved in the memory's batch (its namespace), or None."""
-        batch = memory.batch_id
-        if batch is None:
-            return None
-        rows = self._conn.execute(
-            f"SELECT m.id FROM memories m WHERE json_extract(m.source, '$.batch_id') = ? AND m.id != ? "
-            f"AND m.namespace = ? AND {ACTIVE}", (batch, memory.id, memory.namespace, now)).fetchall()
-        return [r[0] for r in rows] or None
-
-    def count_active(self, namespace: str | None, now: float) -> int:
-        """Active memories in a namespace (None: in all of them)."""
-        sql, params = f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE}", [now]
-        if namespace is not None:
-            sql += " AND m.namespace = ?"
-            params.append(namespace)  # type: ignore[arg-type]
-        return int(self._conn.execute(sql, params).fetchone()[0])
 
 
 class SearchWriteRows:

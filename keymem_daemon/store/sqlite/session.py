@@ -18,13 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
+from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
-from keymem_daemon.store.sqlite.search import SearchRows, SearchWriteRows
+from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows
 from keymem_daemon.store.sqlite.transfer import TransferRows, TransferWriteRows
 
 
 @dataclass(slots=True)
-class SqliteReader(MemoryRows, SearchRows, TransferRows):
+class SqliteReader(
+    MemoryRows,
+    KeyRows,
+    LexicalRows,
+    SearchRows,
+    TransferRows,
+    InspectRows,
+):
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
@@ -40,7 +49,10 @@ class SqliteReader(MemoryRows, SearchRows, TransferRows):
 
 
 @dataclass(slots=True)
-class SqliteWriter(SqliteReader, SearchWriteRows, TransferWriteRows):
+class SqliteWriter(SqliteReader,
+                   SearchWriteRows,
+                   TransferWriteRows,
+                   InspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)

@@ -85,22 +85,22 @@ class TransferWriteRows:
                                      (key_id, norm, key_id)).fetchone()
         return None if row is None else str(row[0])
 
-    def add_key(self, key_id: str, concept: str, norm: str, compact: str, key_type: str, vector: bytes,
+    def import_key(self, key_id: str, concept: str, norm: str, compact: str, key_type: str, vector: bytes,
                 created_at: float) -> None:
         with _rejected():
             self._conn.execute("INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                                (key_id, concept, norm, compact, key_type, vector, created_at))
 
-    def add_alias(self, key_id: str, alias: str, norm: str, compact: str, *, learned: bool, added_at: float,
-                  hits: int) -> None:
+    def import_alias(self, key_id: str, alias: str, norm: str, compact: str, *, learned: bool, added_at: float,
+                     hits: int) -> None:
         """Add an alias to a key, unless the key has it already."""
         with _rejected():
             self._conn.execute("INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
                                "VALUES (?, ?, ?, ?, ?, ?, ?)", (key_id, alias, norm, compact, int(learned), added_at,
                                                                 hits))
 
-    def add_memory_row(self, fields: Mapping[str, Any], dedup_hash: str, vector: bytes) -> None:
+    def import_memory(self, fields: Mapping[str, Any], dedup_hash: str, vector: bytes) -> None:
         """Insert a memory with every field of ``MEMORY_FIELDS`` as given (provenance as objects)."""
         values = {name: fields[name] for name in MEMORY_FIELDS}
         for name in _JSON_FIELDS:
@@ -111,18 +111,18 @@ class TransferWriteRows:
             self._conn.execute(f"INSERT INTO memories({columns}) VALUES ({marks})",
                                [*values.values(), dedup_hash, vector])
 
-    def add_link(self, key_id: str, memory_id: str, weight: float, *, auto: bool) -> int:
+    def import_link(self, key_id: str, memory_id: str, weight: float, *, auto: bool) -> int:
         """Link a memory to a key unless they are linked already; 1 if it was added, else 0."""
         with _rejected():
             return self._conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) "
                                       "VALUES (?, ?, ?, ?)", (key_id, memory_id, weight, int(auto))).rowcount
 
-    def add_relation(self, from_id: str, to_id: str) -> int:
+    def import_relation(self, from_id: str, to_id: str) -> int:
         """Relate two memories unless they are already; 1 if it was added, else 0."""
         return self._conn.execute(
             "INSERT OR IGNORE INTO relations(from_id, to_id) VALUES (?, ?)", (from_id, to_id)).rowcount
 
-    def add_alias_candidate(self, key_id: str, norm: str, query_text: str, count: int, last_seen: float) -> None:
+    def import_alias_candidate(self, key_id: str, norm: str, query_text: str, count: int, last_seen: float) -> None:
         """Record a pending alias candidate unless the key has it already."""
         with _rejected():
             self._conn.execute("INSERT OR IGNORE INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
