@@ -47,8 +47,6 @@ CROSS_TEXT_CHARS: Final = 1000
 # (Korean/English set: the push path across languages .478 -> .631, not-found unchanged;
 # with a floor of .25, 다음 "next" met team, both TM, and an unanswerable prompt got an answer).
 SOUND_ALIKE_FLOOR: Final = 0.4
-
-
 # Content-only admission of a key in recall(): a member whose relevance (coverage mixed
 # with body cosine) reaches this lets its key in although the key text is far from the query.
 CONTENT_GATE: Final = 0.5
