@@ -21,8 +21,10 @@ from typing import Any, Final, Literal
 
 from keymem_daemon import activity_log, backups, transcripts
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import limits, push, retrieval, transfer
+from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.reads import hybrid, query
+from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import IdempotencyKey, render
 from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
 from keymem_daemon.mcp import instructions, tools
@@ -119,7 +121,7 @@ class Service:
             if graph.has_hangul_content():
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
-            retrieval.hybrid_recall(graph, "warm up", reinforce=False)
+            hybrid.hybrid_recall(graph, "warm up", reinforce=False)
             self.activity = activity_log.ActivityLog(graph.store, self.settings.activity_log, clock=self.clock)
             self.graph = graph
             self.detail = None
@@ -284,7 +286,7 @@ class Service:
         with self._lock:
             if mtime != self._namespaces.mtime:
                 try:
-                    mapping = retrieval.parse_namespaces_file(path.read_text(encoding="utf-8"))
+                    mapping = query.parse_namespaces_file(path.read_text(encoding="utf-8"))
                 except (OSError, ValueError) as exc:
                     logger.warning("ignoring %s: %s", path, exc)
                     mapping = {}
@@ -297,9 +299,9 @@ class Service:
         graph = self.ready_graph()
         project: frozenset[str] = frozenset()
         if request.namespace is not None and request.namespace.strip():
-            scope = retrieval.scope_of(graph.resolve_namespace(request.namespace))
+            scope = query.scope_of(graph.resolve_namespace(request.namespace))
         else:
-            scope = retrieval.namespaces_for_cwd(self.namespace_map(), request.cwd)
+            scope = query.namespaces_for_cwd(self.namespace_map(), request.cwd)
             project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
         session = self.sessions.view(request.session_id) if request.session_id else None

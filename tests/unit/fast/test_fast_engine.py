@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from engine_helpers import DAY, FakeClock, Tools, link_weight, memory_row, state
 
-from keymem_daemon.engine import push
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads import inject as push
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(30)]
 
