@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from daemon_helpers import READY_TIMEOUT, wait_for
 from fake_hub import (
     FakeHub,
     SilentServer,
@@ -26,7 +27,6 @@ from fake_hub import (
     minilm_files,
     model_dir,
     reranker_files,
-    wait_for,
 )
 
 from keymem_daemon.config import Settings
@@ -333,7 +333,7 @@ def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: Fak
 
     first = threading.Thread(target=fetch, args=("first",))
     first.start()
-    wait_for(lambda: bool(hub.requested("GET")), 5, "the first GET")
+    wait_for(lambda: bool(hub.requested("GET")), 5, message="the first GET")
     second = threading.Thread(target=fetch, args=("second",))
     second.start()
     hub.gate.set()
@@ -431,14 +431,14 @@ def test_the_manager_never_waits_for_a_download_and_scores_once_it_finished(
 
         assert first is None
         assert elapsed < 0.1, elapsed
-        wait_for(lambda: progress.get(RERANKER_SPEC.name).state == "downloading", 5, "download")
+        wait_for(lambda: progress.get(RERANKER_SPEC.name).state == "downloading", 5, message="download")
         status = manager.status()
         assert status["state"] == "downloading" and status["ranking"] == "fused"
         assert status["download"]["state"] == "downloading"
         assert manager.score("apple", TEXTS) is None
 
         hub.gate.set()
-        wait_for(lambda: manager.score("q", TEXTS) is not None, 20, "reranker ready")
+        wait_for(lambda: manager.score("q", TEXTS) is not None, READY_TIMEOUT, message="reranker ready")
     finally:
         hub.gate.set()
         manager.close()
@@ -455,7 +455,7 @@ def test_the_manager_uses_a_cached_model_without_any_request(
 ) -> None:
     manager = RerankerManager(settings_for(tmp_path, hub.url, rerank_model_path=reranker_dir))
     manager.start()
-    wait_for(lambda: manager.state == "ready", 20, "reranker ready")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="reranker ready")
     manager.close()
 
     assert manager.score("q", TEXTS) == pytest.approx(EXPECTED)
@@ -469,7 +469,7 @@ def test_the_manager_offline_stays_fused_and_logs_one_line(
     manager = RerankerManager(settings_for(tmp_path, closed_port_url(), rerank="auto"))
 
     assert manager.score("q", TEXTS) is None
-    wait_for(lambda: manager.state == "failed", 5, "the fetch to fail")
+    wait_for(lambda: manager.state == "failed", 5, message="the fetch to fail")
     for _ in range(20):
         assert manager.score("q", TEXTS) is None
     manager.close()
@@ -491,7 +491,7 @@ def test_the_manager_retries_after_its_backoff_only(
                               clock=lambda: now[0], retry_backoff=600.0)
     hub.fail_status = 503
     manager.start()
-    wait_for(lambda: manager.state == "failed", 5, "the fetch to fail")
+    wait_for(lambda: manager.state == "failed", 5, message="the fetch to fail")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "HTTP 503" in warnings[0].getMessage()
 
@@ -503,7 +503,7 @@ def test_the_manager_retries_after_its_backoff_only(
 
     now[0] += 2.0
     assert manager.score("q", TEXTS) is None  # starts the retry, does not wait for it
-    wait_for(lambda: manager.state == "ready", 20, "the retry to succeed")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="the retry to succeed")
     manager.close()
     assert manager.score("q", TEXTS) == pytest.approx(EXPECTED)
 
@@ -519,7 +519,7 @@ def test_a_reranker_that_fails_to_run_is_dropped_then_reloaded_after_the_backoff
         clock=lambda: now[0], retry_backoff=60.0,
     )
     manager.start()
-    wait_for(lambda: manager.state == "ready", 20, "reranker ready")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="reranker ready")
 
     def broken(self: OnnxReranker, query: str, texts: object) -> list[float]:
         raise RuntimeError("onnxruntime: bad alloc")
@@ -534,7 +534,7 @@ def test_a_reranker_that_fails_to_run_is_dropped_then_reloaded_after_the_backoff
     monkeypatch.undo()
     now[0] += 61.0
     manager.start()
-    wait_for(lambda: manager.state == "ready", 20, "reranker reloaded")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="reranker reloaded")
     manager.close()
     assert manager.score("q", TEXTS) == pytest.approx(EXPECTED)
     # The reload re-checked the files with the hub (a run failure may mean a bad file).
@@ -549,7 +549,7 @@ def test_closing_the_manager_stops_a_download_quietly(
     hub.gate.clear()  # the CDN never sends the model while the test runs
     try:
         manager.start()
-        wait_for(lambda: bool(hub.requested("GET")), 5, "the download to start")
+        wait_for(lambda: bool(hub.requested("GET")), 5, message="the download to start")
         started = time.monotonic()
         manager.close()
         elapsed = time.monotonic() - started
