@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pytest
@@ -75,6 +76,11 @@ def hub(minilm: dict[str, bytes], cross_encoder: bytes) -> Iterator[FakeHub]:
         yield served
 
 
+HUB_TIMEOUT: Final = 30.0
+"""A read from the in-process fake hub: milliseconds here, but a busy 2-core machine can keep
+its thread off the CPU for seconds. Tests of the timeout itself pass their own, shorter one."""
+
+
 def settings_for(tmp_path: Path, endpoint: str, **changes: object) -> Settings:
     base = Settings(
         data_dir=tmp_path / "data",
@@ -82,7 +88,7 @@ def settings_for(tmp_path: Path, endpoint: str, **changes: object) -> Settings:
         embed_threads=1,
         rerank_threads=1,
         hf_endpoint=endpoint,
-        download_timeout=2.0,
+        download_timeout=HUB_TIMEOUT,
     )
     return base.replace(**changes)
 
@@ -314,7 +320,7 @@ def test_an_unknown_repository_file_is_a_model_error(tmp_path: Path, hub: FakeHu
         fingerprint="x",
     )
     with pytest.raises(ModelError, match="not found"):
-        ensure_model(spec, tmp_path / "nope", endpoint=hub.url, timeout=2.0)
+        ensure_model(spec, tmp_path / "nope", endpoint=hub.url, timeout=HUB_TIMEOUT)
 
 
 def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: FakeHub) -> None:
@@ -327,7 +333,7 @@ def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: Fak
 
     def fetch(name: str) -> None:
         try:
-            results[name] = ensure_model(BGE_M3_SPEC, dest, endpoint=hub.url, timeout=5.0)
+            results[name] = ensure_model(BGE_M3_SPEC, dest, endpoint=hub.url, timeout=HUB_TIMEOUT)
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
 
@@ -337,8 +343,8 @@ def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: Fak
     second = threading.Thread(target=fetch, args=("second",))
     second.start()
     hub.gate.set()
-    first.join(timeout=20)
-    second.join(timeout=20)
+    first.join(timeout=READY_TIMEOUT)
+    second.join(timeout=READY_TIMEOUT)
 
     assert not errors
     assert sorted(results) == ["first", "second"]
@@ -355,7 +361,7 @@ def test_a_running_download_is_logged_with_its_progress(
     caplog.set_level(logging.INFO, logger="keymem_daemon")
     monkeypatch.setattr(download, "PROGRESS_LOG_INTERVAL", 0.0)
 
-    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=2.0)
+    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=HUB_TIMEOUT)
 
     lines = keymem_records(caplog)
     assert any(line.startswith("downloading bge-m3 model.onnx: ") and line.endswith("/22.9 MB")
@@ -564,7 +570,7 @@ def test_closing_the_manager_stops_a_download_quietly(
 
 
 def test_downloaded_files_are_not_left_writable_by_others(tmp_path: Path, hub: FakeHub) -> None:
-    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=2.0)
+    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=HUB_TIMEOUT)
 
     mode = os.stat(tmp_path / "m" / "model.onnx").st_mode
     assert not mode & 0o002
