@@ -165,7 +165,7 @@ class Inspector:
     def _keys_of(self, reader: Reader, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         graph = self.service.ready_graph()
         out: dict[str, list[dict[str, Any]]] = {}
-        for mid, links in reader.links_of(memory_ids).items():
+        for mid, links in reader.strongest_links(memory_ids).items():
             for kid, weight in links:
                 info = graph.keys.get(kid)
                 if info is not None:
@@ -302,7 +302,7 @@ class Inspector:
 
     def _link_memories(self, reader: Reader, memory_ids: Sequence[str], nodes: dict[str, dict[str, Any]],
                        edges: dict[str, dict[str, Any]]) -> None:
-        for memory_id, links in reader.links_of(memory_ids, per_memory=GRAPH_KEYS_PER_MEMORY).items():
+        for memory_id, links in reader.strongest_links(memory_ids, per_memory=GRAPH_KEYS_PER_MEMORY).items():
             for kid, weight in links:
                 node = self._key_node(kid)
                 if node is None:

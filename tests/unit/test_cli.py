@@ -31,7 +31,7 @@ HEAVY = (
     "apscheduler",
     "keymem_daemon.engine",
     "keymem_daemon.service",
-    "keymem_daemon.api",
+    "keymem_daemon.http.app",
 )
 
 

@@ -19,12 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
+from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
+from keymem_daemon.store.sqlite.search import LexicalRows
 
 
 @dataclass(slots=True)
-class SqliteReader(MemoryRows,
-                   InspectRows):
+class SqliteReader(
+    MemoryRows,
+    KeyRows,
+    LexicalRows,
+    InspectRows,
+):
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
