@@ -399,6 +399,7 @@ class Service:
         if not isinstance(data, dict):
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
         result = transfer.import_data(self.ready_graph(), data, progress=progress)
+        self.ready_graph().store.analyze()  # a bulk load changes what the planner should pick
         if self.activity is not None:
             self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:IMPORT_SUMMARY_CHARS]}",
                                  {"result": result})
@@ -446,6 +447,7 @@ class Service:
         result: dict[str, Any] = render(self.ready_graph().cleanup_expired())
         if self.activity is not None:
             result["pruned_activity"] = self.activity.prune()
+        self.ready_graph().store.analyze()
         return result
 
     def checkpoint(self) -> None:
