@@ -781,8 +781,8 @@ def _summarize(result: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-# The inspection commands (ui, search, show, forget, keys, activity) register themselves.
-from keymem_daemon import cli_inspect  # noqa: E402, F401
+# The inspection commands (ui, search, show, forget, keys, activity) and ``team`` register themselves.
+from keymem_daemon import cli_inspect, cli_team  # noqa: E402, F401
 
 
 def main(argv: Sequence[str] | None = None) -> None:
