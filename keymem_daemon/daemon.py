@@ -48,7 +48,7 @@ from keymem_daemon.service import Service
 if TYPE_CHECKING:
     import uvicorn
 
-    from keymem_daemon.api import Activity
+    from keymem_daemon.http.guard import Activity
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,8 @@ class Daemon:
         descriptors = raise_descriptor_limit()
         logger.debug("%d file descriptors: at most %d connections", descriptors, max_connections(descriptors))
 
-        from keymem_daemon.api import Activity, create_app
+        from keymem_daemon.http.app import create_app
+        from keymem_daemon.http.guard import Activity
 
         assert self._service is not None
         self._activity = Activity()

@@ -17,7 +17,7 @@
     ├── ConfigError             500 config_error   a KEYMEM_* variable has a bad value
     └── DaemonNotRunning        503 daemon_down    client side: no live daemon for this data dir
 
-``api.py`` renders every one of them as ``{"error": {"code", "message"}}`` with ``status``.
+``http/app.py`` renders every one of them as ``{"error": {"code", "message"}}`` with ``status``.
 """
 
 from __future__ import annotations

@@ -40,10 +40,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import filelock
 
@@ -91,6 +91,8 @@ with less room than this cannot hold the store's next transaction either."""
 # Host identity belongs to one host session; a daemon spawned from a host must not inherit
 # it, or it stamps every caller's memories with the first host's session (upstream 7489ba1).
 HOST_SESSION_VARS: Final = ("CLAUDE_CODE_SESSION_ID", "CODEX_THREAD_ID")
+
+T = TypeVar("T")
 
 HealthStatus = Literal["starting", "ready", "failed"]
 StopOutcome = Literal["shutdown", "terminated", "killed", "not_running"]
@@ -271,6 +273,27 @@ def clear_stale_info(data_dir: Path) -> bool:
     return True
 
 
+# -- waiting -----------------------------------------------------------------------------
+
+
+def poll_until(predicate: Callable[[], T | None], deadline: float, *, interval: float = POLL_INTERVAL) -> T | None:
+    """Call ``predicate`` until it returns something other than None; None once ``deadline``
+    (a ``time.monotonic()`` value) has passed.
+
+    The one loop that waits to a deadline: it always asks at least once, and once more after
+    the last sleep, so a wait whose deadline has already passed still sees the present state.
+    A predicate ends the wait early by raising. ``plugin/bootstrap.py`` holds a copy of these
+    lines (it runs before keymem is installed); a test keeps the two the same.
+    """
+    while True:
+        value = predicate()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
 # -- processes ---------------------------------------------------------------------------
 
 
@@ -380,12 +403,7 @@ def wait_for_exit(pid: int, timeout: float) -> bool:
     Polls rather than ``waitpid``: the daemon is usually not our child (``start`` detaches
     it), so only its disappearance can be observed.
     """
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_INTERVAL)
-    return True
+    return poll_until(lambda: None if pid_alive(pid) else True, time.monotonic() + timeout) is not None
 
 
 # -- the data directory ------------------------------------------------------------------
@@ -502,12 +520,7 @@ def lock_is_free(data_dir: Path) -> bool:
 
 def wait_for_lock_free(data_dir: Path, timeout: float) -> bool:
     """Wait for a dying owner of ``data_dir`` to let go (up to ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while not lock_is_free(data_dir):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_INTERVAL)
-    return True
+    return poll_until(lambda: True if lock_is_free(data_dir) else None, time.monotonic() + timeout) is not None
 
 
 def wait_for_owner(data_dir: Path, timeout: float) -> DaemonInfo | None:
@@ -517,19 +530,19 @@ def wait_for_owner(data_dir: Path, timeout: float) -> DaemonInfo | None:
     file and exiting (stopping). None once nobody owns the directory; ``DaemonNotRunning``
     if the owner publishes nothing within ``timeout``.
     """
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def owner() -> DaemonInfo | Literal["free"] | None:
         try:
             return read_daemon_info(data_dir)
         except DaemonNotRunning:
-            pass
-        if lock_is_free(data_dir):
-            return None
-        if time.monotonic() >= deadline:
-            raise DaemonNotRunning(
-                f"a process holds {data_dir / LOCK_FILE} but published no daemon.json within {timeout:g} s"
-            )
-        time.sleep(POLL_INTERVAL)
+            return "free" if lock_is_free(data_dir) else None
+
+    found = poll_until(owner, time.monotonic() + timeout)
+    if found is None:
+        raise DaemonNotRunning(
+            f"a process holds {data_dir / LOCK_FILE} but published no daemon.json within {timeout:g} s"
+        )
+    return found if isinstance(found, DaemonInfo) else None
 
 
 @contextlib.contextmanager
@@ -591,7 +604,9 @@ def wait_until_ready(
     """
     deadline = time.monotonic() + timeout if deadline is None else deadline
     last = "no daemon.json yet"
-    while True:
+
+    def ready() -> DaemonInfo | None:
+        nonlocal last
         try:
             info = read_daemon_info(location)
         except DaemonNotRunning as exc:
@@ -609,9 +624,12 @@ def wait_until_ready(
                 last = f"pid {info.pid} is still {health.get('status', 'starting')}" + (f": {detail}" if detail else "")
         if process is not None and process.poll() is not None:
             raise exited_while_starting(process, info_path(location).parent, last)
-        if time.monotonic() >= deadline:
-            raise DaemonNotRunning(f"keymemd was not ready within {timeout:g} s ({last})")
-        time.sleep(POLL_INTERVAL)
+        return None
+
+    info = poll_until(ready, deadline)
+    if info is None:
+        raise DaemonNotRunning(f"keymemd was not ready within {timeout:g} s ({last})")
+    return info
 
 
 def exited_while_starting(process: subprocess.Popen[bytes], data_dir: Path, last: str | None = None
@@ -740,28 +758,33 @@ def start_daemon(
     wait = settings.start_timeout if timeout is None else timeout
     deadline = time.monotonic() + wait
     prepare_data_dir(data_dir)
+    process: subprocess.Popen[bytes] | None = None
+
+    def started() -> StartResult | None:
+        nonlocal process
+        found = running_daemon(data_dir)
+        if found is not None:
+            ours = process is not None and found.pid == process.pid
+            info = wait_until_ready(data_dir, timeout=wait, deadline=deadline, process=process if ours else None)
+            return StartResult(info, started=ours)
+        if process is None:
+            # Spawn only into an unowned directory: an owner without daemon.json is still
+            # importing (wait for it) or shutting down (wait it out).
+            if lock_is_free(data_dir):
+                process = _spawn(settings, run_args, environ)
+        elif process.poll() is not None and lock_is_free(data_dir):
+            # Ours exited and nobody owns the directory: it failed. (If someone does own it,
+            # ours lost a race to a daemon started another way: wait for that one.)
+            raise exited_while_starting(process, data_dir)
+        return None
+
     with start_lock(data_dir, wait + START_LOCK_MARGIN):
-        process: subprocess.Popen[bytes] | None = None
-        while True:
-            found = running_daemon(data_dir)
-            if found is not None:
-                ours = process is not None and found.pid == process.pid
-                info = wait_until_ready(data_dir, timeout=wait, deadline=deadline, process=process if ours else None)
-                return StartResult(info, started=ours)
-            if process is None:
-                # Spawn only into an unowned directory: an owner without daemon.json is
-                # still importing (wait for it) or shutting down (wait it out).
-                if lock_is_free(data_dir):
-                    process = _spawn(settings, run_args, environ)
-            elif process.poll() is not None and lock_is_free(data_dir):
-                # Ours exited and nobody owns the directory: it failed. (If someone does own
-                # it, ours lost a race to a daemon started another way: wait for that one.)
-                raise exited_while_starting(process, data_dir)
-            if time.monotonic() >= deadline:
-                lock = data_dir / LOCK_FILE
-                state = "still starting" if process is not None else f"{lock} is taken{describe_holder(lock)}"
-                raise DaemonNotRunning(f"keymemd was not ready within {wait:g} s ({state}; see keymemd logs)")
-            time.sleep(POLL_INTERVAL)
+        result = poll_until(started, deadline)
+    if result is None:
+        lock = data_dir / LOCK_FILE
+        state = "still starting" if process is not None else f"{lock} is taken{describe_holder(lock)}"
+        raise DaemonNotRunning(f"keymemd was not ready within {wait:g} s ({state}; see keymemd logs)")
+    return result
 
 
 def _spawn(settings: Settings, run_args: Sequence[str], environ: Mapping[str, str] | None) -> subprocess.Popen[bytes]:

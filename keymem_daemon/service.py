@@ -2,7 +2,7 @@
 
 ``Service`` owns the loading state (``starting`` -> ``ready`` or ``failed``), the memory
 graph once it is loaded, and the bits of per-request context the engine needs (who the
-host is, which namespaces a cwd may see). ``api.py`` maps routes onto these methods;
+host is, which namespaces a cwd may see). ``http/`` maps routes onto these methods;
 tests can call them directly.
 """
 
@@ -17,19 +17,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from keymem_daemon import activity_log, backups, instructions, tools, transcripts
+from keymem_daemon import activity_log, backups, transcripts
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import push, retrieval, transfer
+from keymem_daemon.engine import limits, push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.records import IdempotencyKey, render
 from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
+from keymem_daemon.mcp import instructions, tools
 from keymem_daemon.store.sqlite.memories import get_memory
 
 logger = logging.getLogger(__name__)
 
 State = Literal["starting", "ready", "failed"]
+IMPORT_SUMMARY_CHARS: Final = 200
+"""An import's counts in the activity log's one-line summary (the full result is its detail)."""
 Clock = Callable[[], float]
 
 
@@ -38,7 +41,7 @@ class InjectRequest:
     prompt: str
     cwd: str | None = None
     namespace: str | None = None
-    top_k: int = 2
+    top_k: int = limits.INJECT_TOP_K.default
     max_chars: int | None = None
     session_id: str | None = None
     agent: str | None = None
@@ -301,8 +304,8 @@ class Service:
             project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
         session = self.sessions.view(request.session_id) if request.session_id else None
-        result = push.inject(graph, request.prompt, scope=scope, top_k=min(10, max(1, request.top_k)),
-                             max_chars=max(256, min(20000, max_chars)), project=project, session=session)
+        result = push.inject(graph, request.prompt, scope=scope, top_k=limits.INJECT_TOP_K.clamp(request.top_k),
+                             max_chars=limits.INJECT_MAX_CHARS.clamp(max_chars), project=project, session=session)
         if request.session_id and result.skipped is None:
             self.sessions.record(request.session_id, [m.id for m in result.memories])
         if self.activity is not None and self.activity.enabled:
@@ -340,7 +343,7 @@ class Service:
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
         result = transfer.import_data(self.ready_graph(), data, progress=progress)
         if self.activity is not None:
-            self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:200]}",
+            self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:IMPORT_SUMMARY_CHARS]}",
                                  {"result": result})
         return result
 

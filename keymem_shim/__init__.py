@@ -7,7 +7,7 @@ come from the daemon. It finds the daemon through ``<data>/daemon.json`` and sta
 
 Start-up overlaps the two slow things: the daemon is found (or spawned) in a thread while
 the MCP SDK is imported, and the ``initialize`` answer waits for the daemon only until
-``STARTUP_WAIT`` has passed since start -- the daemon answers as soon as it listens, long
+``_session.STARTUP_WAIT`` has passed since start -- the daemon answers as soon as it listens, long
 before its models are loaded. A daemon that is not up by then is reported by the tool
 calls, and the instructions fall back to the daemon's text without live counts.
 
@@ -21,20 +21,18 @@ and ``serve()`` runs there.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
+
+from keymem_shim._session import serve
 
 if TYPE_CHECKING:
     from keymem_daemon.config import Settings
 
 __all__ = ["main", "serve"]
-
-STARTUP_WAIT: Final = 3.0
-"""Seconds from start until the shim serves MCP whether or not a daemon answers."""
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -85,36 +83,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         if code is not None:
             raise SystemExit(code)
     serve(settings, started=started, cwd=cwd)
-
-
-def serve(settings: Settings, *, started: float, cwd: str | None) -> None:
-    """Serve one host session on this process's stdin/stdout until the host closes stdin."""
-    import logging
-
-    from keymem_shim._client import Bootstrap, DaemonClient, HostIdentity, Launcher
-
-    # Only keymem's own loggers follow KEYMEM_LOG_LEVEL: httpx would log every request.
-    # ``force``: a forked warm shim replaces the fork server's handler with this one.
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.WARNING,
-        format="keymem-shim[%(process)d] %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
-    for name in ("keymem_shim", "keymem_daemon"):
-        logging.getLogger(name).setLevel(settings.log_level.upper())
-    identity = HostIdentity.from_env(os.environ, cwd=cwd, hook_installed=settings.hook_installed)
-    launcher = Launcher(settings)
-    bootstrap = Bootstrap(launcher, identity, deadline=started + STARTUP_WAIT)
-    bootstrap.start()
-
-    import anyio
-
-    from keymem_shim import _server  # the MCP SDK: most of the start-up time
-
-    info, instructions = bootstrap.result()
-    if instructions is None:
-        instructions = _server.fallback_instructions(hook_installed=settings.hook_installed)
-    client = DaemonClient(launcher, identity, info=info)
-    with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(lambda: _server.serve(client, instructions=instructions))

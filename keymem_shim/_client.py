@@ -59,7 +59,6 @@ CALL_TIMEOUT: Final = 600.0
 """One tool call (a large ``remember_batch`` re-embeds); hosts apply their own, shorter limits."""
 ANSWER_TIMEOUT: Final = 8.0
 """How long listing waits for a (re)started daemon to answer: under Codex's 10 s MCP start."""
-POLL_INTERVAL: Final = runtime.POLL_INTERVAL
 
 Agent = Literal["claude", "codex"]
 
@@ -190,9 +189,10 @@ class Launcher:
         ``DaemonNotRunning`` when none answers within ``timeout`` seconds, at once when
         there is none and autostart is off, and as soon as a background start has failed.
         """
-        deadline = time.monotonic() + timeout
         launched = False
-        while True:
+
+        def answering() -> runtime.DaemonInfo | None:
+            nonlocal launched
             info = self.find()
             if info is not None:
                 return info
@@ -204,9 +204,12 @@ class Launcher:
             starter = self._starter
             if launched and starter is not None and not starter.is_alive() and self._start_error:
                 raise DaemonNotRunning(self._start_error)
-            if time.monotonic() >= deadline:
-                raise DaemonNotRunning(f"keymemd did not answer within {timeout:g} s")
-            time.sleep(POLL_INTERVAL)
+            return None
+
+        info = runtime.poll_until(answering, time.monotonic() + timeout)
+        if info is None:
+            raise DaemonNotRunning(f"keymemd did not answer within {timeout:g} s")
+        return info
 
     def _live_pid(self) -> int | None:
         """The pid ``daemon.json`` names if it is this data dir's daemon (maybe busy)."""
@@ -226,8 +229,10 @@ class Launcher:
         another program now holds (nothing proves itself there), is replaced.
         """
         data_dir = self.settings.data_dir
-        deadline = time.monotonic() + self.settings.start_timeout
-        while True:
+        seen: tuple[int, str | None] | None = None  # (pid, status) at the last look
+
+        def ready() -> runtime.DaemonInfo | None:
+            nonlocal seen
             try:
                 info = runtime.read_daemon_info(data_dir)
             except DaemonNotRunning:
@@ -242,12 +247,17 @@ class Launcher:
                 return info
             if status == "failed" and health is not None:
                 raise DaemonNotRunning(f"keymemd (pid {info.pid}) failed to load: {health.get('error', 'see its log')}")
-            if time.monotonic() >= deadline:
-                raise DaemonNotRunning(
-                    f"keymemd (pid {info.pid}) was not ready within "
-                    f"{self.settings.start_timeout:g} s (still {status or 'not answering'})"
-                )
-            time.sleep(POLL_INTERVAL)
+            seen = (info.pid, status)
+            return None
+
+        info = runtime.poll_until(ready, time.monotonic() + self.settings.start_timeout)
+        if info is None:
+            pid, status = seen if seen is not None else (None, None)
+            raise DaemonNotRunning(
+                f"keymemd (pid {pid}) was not ready within "
+                f"{self.settings.start_timeout:g} s (still {status or 'not answering'})"
+            )
+        return info
 
 
 LOG_TAIL_BYTES: Final = 64 * 1024

@@ -159,7 +159,7 @@ def _exit_when_launcher_goes(conn: socket.socket) -> None:
 
 def _serve_session(conn: socket.socket, request: _Request) -> int:
     """In the forked child: become the launcher's shim, serve its session, report the end."""
-    from keymem_shim import serve
+    from keymem_shim._session import serve
 
     # Its own session: a Ctrl-C meant for a foreground keymemd must not end host sessions.
     os.setsid()

@@ -24,8 +24,8 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from keymem_daemon import __version__
-from keymem_daemon import instructions as texts
 from keymem_daemon.errors import KeymemError, NotFound
+from keymem_daemon.mcp import instructions as texts
 from keymem_shim._client import DaemonClient, ToolOutcome
 
 SERVER_NAME = "keymem"

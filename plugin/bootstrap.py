@@ -40,10 +40,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 MIN_PYTHON: Final = (3, 10)
 VERSION_MARKER: Final = "keymem-plugin-version"
@@ -63,6 +63,10 @@ SOURCE_FILES: Final = ("pyproject.toml", "setup.cfg", "setup.py", "README.md", "
 _VERSION_LINE: Final = re.compile(r'^version\s*=\s*"([^"]+)"', re.MULTILINE)
 _BIN: Final = "Scripts" if os.name == "nt" else "bin"
 _EXE: Final = ".exe" if os.name == "nt" else ""
+POLL_INTERVAL: Final = 0.25
+"""How often a wait for the venv looks again (an install takes a minute or more)."""
+
+T = TypeVar("T")
 
 
 class BootstrapError(Exception):
@@ -141,6 +145,22 @@ def is_ready(paths: Paths, version: str) -> bool:
     except OSError:
         return False
     return built == version and os.access(paths.shim, os.X_OK)
+
+
+def poll_until(predicate: Callable[[], T | None], deadline: float, *, interval: float = POLL_INTERVAL) -> T | None:
+    """Call ``predicate`` until it returns something other than None; None once ``deadline``
+    (a ``time.monotonic()`` value) has passed.
+
+    A copy of ``keymem_daemon.runtime.poll_until``, which this file cannot import: it runs
+    before keymem is installed. tests/unit/test_runtime.py keeps the two the same.
+    """
+    while True:
+        value = predicate()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
 
 
 # -- state and log ------------------------------------------------------------------------

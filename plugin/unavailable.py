@@ -44,7 +44,6 @@ DEFAULT_WAIT: Final = 0.0
 default: an install takes far longer than any host waits (Codex allows 10 s, Claude Code
 30 s, and ``codex exec`` starts the first turn without a server that has not answered), and
 the stand-in hands over by itself once the venv is ready."""
-POLL_INTERVAL: Final = 0.25
 WATCH_INTERVAL: Final = 1.0
 """How often a serving stand-in checks whether the venv has become ready."""
 HANDOFF_TIMEOUT: Final = 60.0
@@ -374,11 +373,10 @@ def main(argv: list[str]) -> int:
         pid = bootstrap.start(paths)
         if pid is not None:
             bootstrap.log(paths, f"launcher started bootstrap pid {pid}")
-        deadline = time.monotonic() + wait_seconds(dict(os.environ))
-        while time.monotonic() < deadline:
-            if bootstrap.is_ready(paths, version) or failed(paths, since):
-                break
-            time.sleep(POLL_INTERVAL)
+        wait = wait_seconds(dict(os.environ))
+        if wait > 0:
+            bootstrap.poll_until(lambda: bootstrap.is_ready(paths, version) or failed(paths, since) or None,
+                                 time.monotonic() + wait)
     if version != "unknown" and bootstrap.is_ready(paths, version):
         exec_shim(paths)
     message = describe(paths, since)

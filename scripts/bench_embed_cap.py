@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from keymem_daemon.inference.embedders import EMBED_MAX_CHARS, CachedEmbedder, UseEmbedder
+from keymem_daemon.engine.limits import EMBED_MAX_CHARS
+from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
 
 
 def run(embed: object, texts: Sequence[str]) -> tuple[float, float]:

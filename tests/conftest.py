@@ -12,8 +12,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, share_model_tables, wait_for
 from pg_cluster import pg_cluster, pg_database  # noqa: F401 - fixtures, found by pytest through this import
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_model_tables(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One copy of the 65 MB piece table for the session, linked into each test's data dir."""
+    share_model_tables(tmp_path_factory.mktemp("shared-models"))
+
+FAST_TIER = Path(__file__).parent / "unit" / "fast"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``pytest -m fast`` imports only the fast tier: importing the rest of the suite just to
+    deselect it takes longer than the tier runs (~20 s on a busy 2-core machine). The
+    ``fast`` marker lives only under ``tests/unit/fast`` (test_fast_tier.py checks it)."""
+    if config.option.markexpr != "fast":
+        return None
+    inside = collection_path == FAST_TIER or FAST_TIER in collection_path.parents
+    return None if inside or collection_path in FAST_TIER.parents else True
 
 
 @pytest.fixture(name="wait_for")

@@ -1,7 +1,9 @@
 """Real daemons in real processes for the tests, and the one helper that waits.
 
 ``wait_for(predicate, timeout)`` is the only place in the tests that sleeps: it polls to a
-deadline. ``DaemonFactory`` (behind the ``daemon`` fixture of ``conftest.py``) runs
+deadline -- or, given ``progress``, until the work it waits for stops making progress for
+``timeout`` seconds, so a wait on a long job (re-embedding thousands of memories) grows
+with the job and with how busy the machine is. ``DaemonFactory`` (behind the ``daemon`` fixture of ``conftest.py``) runs
 ``python -m keymem_daemon run`` with ``HOME`` and ``KEYMEM_DATA_DIR`` under ``tmp_path``,
 waits with the CLI's own ``wait_until_ready``, and at teardown stops it and asserts that
 the process exited cleanly and ``daemon.json`` is gone. Every failure message carries the
@@ -30,7 +32,10 @@ from keymem_daemon.errors import DaemonNotRunning
 T = TypeVar("T")
 
 READY_TIMEOUT: Final = 45.0
-"""Start to ready on a loaded two-core CI machine (typically 2-3 s)."""
+"""Start to ready on a loaded two-core CI machine (typically 2-3 s); past the imports, a
+daemon that keeps logging (re-embedding, migrating) is waited for as long as it does."""
+READY_SLICE: Final = 1.0
+"""One ``wait_until_ready`` inside the wait above, between looks at the daemon's progress."""
 EXIT_TIMEOUT: Final = 30.0
 CLI_TIMEOUT: Final = 60.0
 POLL: Final = 0.02
@@ -45,17 +50,77 @@ def wait_for(
     *,
     interval: float = POLL,
     message: str | Callable[[], str] = "condition",
+    progress: Callable[[], object] | None = None,
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds.
+
+    With ``progress`` (a reading of the work being waited for, such as a log's size), the
+    ``timeout`` counts from the last time its reading changed: the wait lasts as long as
+    the work keeps moving, however much there is and however busy the machine, and fails
+    once it stalls.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    seen = progress() if progress is not None else None
     while True:
         value = predicate()
         if value:
             return value
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if progress is not None:
+            reading = progress()
+            if reading != seen:
+                seen, deadline = reading, now + timeout
+        if now >= deadline:
             text = message() if callable(message) else message
-            pytest.fail(f"timed out after {timeout:g} s waiting for {text}")
+            stalled = f" without progress (after {now - started:.0f} s in all)" if progress is not None else ""
+            pytest.fail(f"timed out after {timeout:g} s{stalled} waiting for {text}")
         time.sleep(interval)
+
+
+def log_growth(data_dir: Path) -> int:
+    """The daemon log's size: what ``wait_for(progress=...)`` watches while a daemon works
+    through a long start (it logs each chunk it re-embeds or migrates)."""
+    try:
+        return (data_dir / "logs" / "daemon.log").stat().st_size
+    except OSError:
+        return 0
+
+
+MODEL_TABLE_GLOB: Final = "use-multilingual-v3-*.table"
+"""USE's piece table (65 MB), which a daemon writes into ``<data>/models`` on its first start."""
+_shared_models: list[Path] = []
+
+
+def share_model_tables(directory: Path) -> None:
+    """Keep the piece table a first daemon writes in ``directory`` and hard-link it into each
+    later test's data dir: each start then only reads it back (the daemon checks the bytes
+    and rewrites a file that differs, as a new file: the shared copy is never changed)."""
+    _shared_models[:] = [directory]
+
+
+def _seed_model_tables(data_dir: Path) -> None:
+    if not _shared_models:
+        return
+    models = data_dir / "models"
+    for table in _shared_models[0].glob(MODEL_TABLE_GLOB):
+        target = models / table.name
+        if target.exists():
+            continue
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True, mode=runtime.PRIVATE_DIR_MODE)
+            models.mkdir(exist_ok=True)
+            os.link(table, target)
+        except OSError:
+            return  # a read-only or full data dir: the test is about that, not about speed
+
+
+def _keep_model_tables(data_dir: Path) -> None:
+    if not _shared_models or any(_shared_models[0].glob(MODEL_TABLE_GLOB)):
+        return
+    for table in (data_dir / "models").glob(MODEL_TABLE_GLOB):
+        with contextlib.suppress(OSError):
+            os.link(table, _shared_models[0] / table.name)
 
 
 def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -72,6 +137,8 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
             "KEYMEM_HF_ENDPOINT": "http://127.0.0.1:9",
             "HF_HUB_OFFLINE": "1",
             "KEYMEM_LOG_LEVEL": "info",
+            # A start the CLI or a shim waits for gets the tests' budget, not the 20 s default.
+            "KEYMEM_START_TIMEOUT": f"{READY_TIMEOUT:g}",
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -194,6 +261,7 @@ class DaemonFactory:
     def spawn(self, **extra_env: str) -> tuple[subprocess.Popen[bytes], Path]:
         output = self.tmp_path / f"daemon-{len(self.started)}-{time.monotonic_ns()}.out"
         env = self.env(**extra_env)
+        _seed_model_tables(self.data_dir)
         with open(output, "wb") as sink:
             process = subprocess.Popen(
                 [sys.executable, "-m", "keymem_daemon", "run"],
@@ -208,17 +276,30 @@ class DaemonFactory:
         """Run a daemon and return once it is ready (fails with its log otherwise)."""
         process, output = self.spawn(**extra_env)
         env = self.env(**extra_env)
+        last = ["not started"]
+
+        def ready() -> runtime.DaemonInfo | None:
+            try:
+                return runtime.wait_until_ready(self.data_dir, timeout=READY_SLICE, process=process)
+            except DaemonNotRunning as exc:
+                last[0] = exc.message
+                if process.poll() is not None:
+                    raise  # it exited: no point waiting on
+                return None  # not ready yet, or failed (a failed daemon exits by itself)
+
         try:
-            info = runtime.wait_until_ready(self.data_dir, timeout=READY_TIMEOUT, process=process)
-        except DaemonNotRunning as exc:
+            info = wait_for(ready, READY_TIMEOUT, message=lambda: f"the daemon to be ready ({last[0]})",
+                            progress=lambda: log_growth(self.data_dir))
+        except (DaemonNotRunning, pytest.fail.Exception) as exc:
             process.kill()
             process.wait(timeout=EXIT_TIMEOUT)
             log = output.read_text(errors="replace")
             daemon_log = self.data_dir / "logs" / "daemon.log"
             if daemon_log.exists():
                 log += "\n--- daemon.log ---\n" + daemon_log.read_text(errors="replace")[-6000:]
-            pytest.fail(f"daemon did not become ready: {exc.message}\n{log}")
+            pytest.fail(f"daemon did not become ready: {exc}\n{log}")
         assert info.pid == process.pid, "daemon.json names another process"
+        _keep_model_tables(self.data_dir)
         daemon = DaemonProcess(process, info, self.data_dir, env, output)
         self.started.append(daemon)
         return daemon

@@ -19,7 +19,6 @@ import logging
 import math
 import re
 import secrets
-import sqlite3
 import time
 import unicodedata
 import uuid
@@ -27,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -53,13 +52,28 @@ from keymem_daemon.engine.keys import (
     KeyIndex,
     KeyInfo,
     KeyType,
-    MemberState,
     PendingKey,
     conflicting_qualifiers,
     cross_script,
     language_uniform,
     sanitize_keys,
 )
+from keymem_daemon.engine.limits import IDEMPOTENCY_TTL_SECONDS, MAX_TTL_SECONDS
+from keymem_daemon.engine.links import (
+    CORRECT_PENALTY,
+    DISMISS,
+    EXPLORED_DECAY,
+    HOP_REINFORCE,
+    LINK_DEFAULT,
+    LINK_MAX,
+    LINK_MIN,
+    REINFORCE,
+    clamp_weight,
+    dismissed_weight,
+    inherited_weight,
+    reinforced_weight,
+)
+from keymem_daemon.engine.ports import KeyRow, MemoryRow, Reader, Writer
 from keymem_daemon.engine.records import (
     BatchItem,
     BatchResult,
@@ -102,25 +116,31 @@ from keymem_daemon.engine.text import (
 from keymem_daemon.engine.vectors import VectorTable, top_indices
 from keymem_daemon.errors import IdempotencyKeyReused, InvalidInput, NotFound, Refused, StoreError
 from keymem_daemon.inference.embedders import Embedder, ThresholdProfile
-from keymem_daemon.store.sqlite.database import Store, Tx
-from keymem_daemon.store.sqlite.memories import _MEMORY_COLUMNS, ACTIVE, get_memories, get_memory, memory_from_row
-from keymem_daemon.store.sqlite.rows import rows_in
+
+if TYPE_CHECKING:
+    # Transitional: ``store`` is typed as the SQLite store while modules outside this one still
+    # hand ``store.read`` callbacks typed ``sqlite3.Connection``; it becomes ``ports.Repository``.
+    from keymem_daemon.store.sqlite.database import Store
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Transitional: what count_active/batch_siblings/related_ids take. retrieval.py still annotates
+# the snapshot ``Store.read`` hands it as ``sqlite3.Connection``; it becomes ``ports.Reader``.
+SnapshotArg = Reader | Any
 Clock = Callable[[], float]
 
-LINK_DEFAULT: Final = 1.0
-LINK_MIN: Final = 0.1
-LINK_MAX: Final = 3.0
-REINFORCE: Final = 0.1
-HOP_REINFORCE: Final = 0.05
-EXPLORED_DECAY: Final = 0.005
-DISMISS: Final = 0.3
-CORRECT_PENALTY: Final = 0.15
+# Re-exported for retrieval.py until it imports them from engine.links.
+__all__ = ["CORRECT_PENALTY", "DISMISS", "EXPLORED_DECAY", "HOP_REINFORCE", "LINK_DEFAULT", "LINK_MAX", "LINK_MIN",
+           "REINFORCE", "clamp_weight"]
+
+# How much deeper one confirmation makes a memory: twenty confirmations take it from 0 to 1.
 CONFIRM_DEPTH: Final = 0.05
+# A memory this deep was established; superseding it keeps most of its depth (DEEP_KEEP), so
+# the history of a well-confirmed fact stays findable; a shallow one keeps little (SHALLOW_KEEP).
 DEEP_DEPTH: Final = 0.7
+DEEP_KEEP: Final = 0.8
+SHALLOW_KEEP: Final = 0.3
 EVIDENCE_KINDS: Final = ("user", "authoritative_source", "observation")
 ID_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
 MAX_SOURCE_CHARS: Final = 4000
@@ -132,13 +152,24 @@ batch id: about 300 characters)."""
 VOCABULARY_META: Final = "learned_words"
 # The fingerprint of a store whose re-embedding for a new model has begun but not ended.
 PARTIAL: Final = "partial:"
-# How long a write's Idempotency-Key is remembered. The shim retries within one call
-# (seconds), but a client may retry after a crash or a laptop asleep for days; a week covers
-# that while the hourly cleanup keeps the table small.
-IDEMPOTENCY_TTL_SECONDS: Final = 7 * 86400
-# The longest ttl_seconds accepted: a century. Anything longer means "never expires" (omit
-# the ttl), and far larger values overflow the date an expiry is shown as.
-MAX_TTL_SECONDS: Final = 100 * 365 * 86400
+# The meta rows of a re-embedding in progress (``reembed_keys_done``: the last rowid done).
+REEMBED_META: Final = "reembed_"
+# Texts embedded per re-embedding transaction: a batch the model runs efficiently, and a chunk
+# small enough that a kill loses seconds of work, not minutes.
+REEMBED_CHUNK: Final = 256
+# Memories of a Hangul key read to tell whether it is a loanword: one that shows it suffices,
+# and a hub's thousands would make opening an old store slow.
+LOANWORD_EVIDENCE: Final = 20
+# The shortest query autokey learns from: a single character says too little.
+MIN_ALIAS_CHARS: Final = 2
+# A learned alias re-indexes the key's memories; a hub's beyond this many keep the old tokens
+# until their next write (the write stays one short transaction).
+ALIAS_REINDEX_LIMIT: Final = 5000
+# related(): the members of each shared key looked at (bounds the work on a hub).
+RELATED_PER_KEY: Final = 2000
+# related(): an explicit relation counts as much as a key the two memories alone share.
+EXPLICIT_RELATION_SCORE: Final = 1.0
+
 
 def new_id() -> str:
     return secrets.token_hex(6)
@@ -163,8 +194,16 @@ def dedup_hash(content: str) -> str:
     return hashlib.sha256(normalize(content).encode()).hexdigest()[:32]
 
 
-def clamp_weight(weight: float) -> float:
-    return min(LINK_MAX, max(LINK_MIN, weight))
+def superseded_depth_factor(depth: float) -> float:
+    """How much of its depth a memory keeps when a correction supersedes it."""
+    return DEEP_KEEP if depth >= DEEP_DEPTH else SHALLOW_KEEP
+
+
+def _open_sqlite(path: Path, settings: Settings) -> Store:
+    """The SQLite store at ``path`` (the one place the engine names a store implementation)."""
+    from keymem_daemon.store.sqlite.database import Store
+
+    return Store.open(path, backup_dir=settings.backup_dir)
 
 
 def vector_bytes(vector: npt.NDArray[np.floating]) -> bytes:
@@ -324,7 +363,7 @@ class MemoryGraph:
         reranker: Any = None,
         progress: Callable[[str, int, int], None] | None = None,
     ) -> MemoryGraph:
-        store = Store.open(path, backup_dir=settings.backup_dir)
+        store = _open_sqlite(path, settings)
         try:
             graph = cls(store, embedder, settings, clock=clock, analyzer=analyzer, reranker=reranker)
             graph._ensure_embedding_space(progress)
@@ -367,48 +406,34 @@ class MemoryGraph:
         bad_bodies: list[tuple[str, str, str, bool]] = []
         problems: set[str] = set()
 
-        def load(conn: sqlite3.Connection) -> tuple[int, int]:
-            aliases: dict[str, list[tuple[str, str]]] = {}
-            for key_id, alias, compact in conn.execute("SELECT key_id, alias, compact FROM aliases ORDER BY added_at"):
-                aliases.setdefault(key_id, []).append((alias, compact))
-            counts = dict(conn.execute("SELECT key_id, COUNT(*) FROM links GROUP BY key_id").fetchall())
-            self.keys.vectors.reserve(conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0])
+        def load(reader: Reader) -> tuple[int, int]:
+            self.keys.vectors.reserve(reader.key_count())
             keys = 0
-            for key_id, concept, compact, key_type, blob in conn.execute(
-                    "SELECT id, concept, compact, key_type, vector FROM keys"):
-                alias_rows = aliases.get(key_id, [])
-                info = KeyInfo(
-                    id=key_id, concept=concept, key_type=key_type, compact=compact,
-                    aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
-                    link_count=counts.get(key_id, 0))
+            for info, blob in reader.stored_keys():
                 problem = vector_problem(blob, dim)
                 if problem is not None:
-                    bad_keys.append((info, concept))
+                    bad_keys.append((info, info.concept))
                     problems.add(problem)
                     continue
+                assert isinstance(blob, bytes)
                 self.keys.put(info, vector_from(blob))
                 keys += 1
-            live = "superseded_by IS NULL AND vector IS NOT NULL"
-            self.bodies.reserve(conn.execute(f"SELECT COUNT(*) FROM memories WHERE {live}").fetchone()[0])
+            self.bodies.reserve(reader.live_vector_count())
             bodies = 0
-            for memory_id, namespace, blob, superseded, content in conn.execute(
-                    "SELECT id, namespace, vector, superseded_by IS NOT NULL, "
-                    f"CASE WHEN length(vector) != {dim * 4} THEN content END FROM memories WHERE vector IS NOT NULL"):
+            for memory_id, namespace, blob, superseded, content in reader.stored_vectors(dim * 4):
                 problem = vector_problem(blob, dim)
                 if problem is not None:
-                    text = content if content is not None else conn.execute(
-                        "SELECT content FROM memories WHERE id = ?", (memory_id,)).fetchone()[0]
-                    bad_bodies.append((memory_id, namespace, text, bool(superseded)))
+                    text = content if content is not None else reader.memory_content(memory_id)
+                    assert text is not None
+                    bad_bodies.append((memory_id, namespace, text, superseded))
                     problems.add(problem)
                 elif not superseded:
+                    assert isinstance(blob, bytes)
                     self.bodies.upsert(memory_id, vector_from(blob), self.namespace_code(namespace))
                     bodies += 1
-            self.counts.add_counts(conn.execute(
-                "SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
-                "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace").fetchall())
-            for (memory_id,) in conn.execute(
-                    "SELECT id FROM memories WHERE superseded_by IS NULL AND expires_at IS NOT NULL").fetchall():
-                self.counts.apply(memory_id, None, self._member_state(conn, memory_id))
+            self.counts.add_counts(reader.unexpiring_counts())
+            for memory_id in reader.expiring_ids():
+                self.counts.apply(memory_id, None, reader.member_state(memory_id))
             return keys, bodies
 
         keys, bodies = self.store.read(load)
@@ -425,9 +450,9 @@ class MemoryGraph:
         key_rows = [(vector_bytes(v), info.id) for (info, _), v in zip(bad_keys, key_vectors, strict=True)]
         body_rows = [(vector_bytes(v), mid) for (mid, *_), v in zip(bad_bodies, body_vectors, strict=True)]
 
-        def update(tx: Tx) -> None:
-            tx.conn.executemany("UPDATE keys SET vector = ? WHERE id = ?", key_rows)
-            tx.conn.executemany("UPDATE memories SET vector = ? WHERE id = ?", body_rows)
+        def update(writer: Writer) -> None:
+            writer.set_key_vectors(key_rows)
+            writer.set_memory_vectors(body_rows)
 
         self.store.write(update)
         for (info, _), vector in zip(bad_keys, key_vectors, strict=True):
@@ -447,43 +472,18 @@ class MemoryGraph:
         ``remember_batch`` resolved keys against those its own earlier items created, a batch
         whose items shared a new key made one key per item. The oldest key stays; the others'
         links (the stronger weight wins), aliases and alias candidates move to it."""
-        groups = self.store.read(lambda c: [r[0] for r in c.execute(
-            "SELECT norm FROM keys GROUP BY norm HAVING COUNT(*) > 1").fetchall()])
+        groups = self.store.read(lambda reader: reader.duplicate_key_norms())
         if not groups:
             return
 
-        def merge(tx: Tx) -> tuple[int, int]:
-            conn = tx.conn
+        def merge(writer: Writer) -> tuple[int, int]:
             merged = 0
             memories: set[str] = set()
             for norm in groups:
-                rows = conn.execute("SELECT id, key_type FROM keys WHERE norm = ? ORDER BY created_at, rowid",
-                                    (norm,)).fetchall()
-                keep, duplicates = rows[0]["id"], [r["id"] for r in rows[1:]]
-                entity = next((r["key_type"] for r in rows if r["key_type"] != "concept"), None)
-                if entity is not None and rows[0]["key_type"] == "concept":
-                    conn.execute("UPDATE keys SET key_type = ? WHERE id = ?", (entity, keep))
-                for dup in duplicates:
-                    memories.update(r[0] for r in conn.execute("SELECT memory_id FROM links WHERE key_id = ?", (dup,)))
-                    conn.execute(
-                        "INSERT INTO links(key_id, memory_id, weight, auto) "
-                        "SELECT ?, memory_id, weight, auto FROM links WHERE key_id = ? "
-                        "ON CONFLICT(key_id, memory_id) DO UPDATE SET weight = MAX(weight, excluded.weight), "
-                        "auto = MIN(auto, excluded.auto)", (keep, dup))
-                    conn.execute(
-                        "INSERT INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
-                        "SELECT ?, alias, norm, compact, learned, added_at, hits FROM aliases "
-                        "WHERE key_id = ? AND norm != ? "
-                        "ON CONFLICT(key_id, norm) DO UPDATE SET hits = hits + excluded.hits, "
-                        "learned = MIN(learned, excluded.learned)", (keep, dup, norm))
-                    conn.execute(
-                        "INSERT INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
-                        "SELECT ?, norm, query_text, count, last_seen FROM alias_candidates WHERE key_id = ? "
-                        "ON CONFLICT(key_id, norm) DO UPDATE SET count = count + excluded.count, "
-                        "last_seen = MAX(last_seen, excluded.last_seen)", (keep, dup))
-                    conn.execute("DELETE FROM keys WHERE id = ?", (dup,))  # its rows cascade
-                    merged += 1
-            self._reindex_keys_of(tx, sorted(memories))
+                removed, relinked = writer.merge_keys_named(norm)
+                merged += removed
+                memories |= relinked
+            self._reindex_keys_of(writer, sorted(memories))
             return merged, len(memories)
 
         merged, relinked = self.store.write(merge)
@@ -494,11 +494,11 @@ class MemoryGraph:
 
     def _ensure_embedding_space(self, progress: Callable[[str, int, int], None] | None) -> None:
         """Stamp a new store with the embedder's fingerprint; re-embed when it changed."""
-        stored = self.store.read(lambda c: dict(c.execute("SELECT name, value FROM meta").fetchall()))
+        stored = self.store.read(lambda reader: reader.meta())
         fingerprint = stored.get("embedder_fingerprint")
         if fingerprint == self.embedder.fingerprint:
             return
-        count = self.store.read(lambda c: c.execute("SELECT COUNT(*) FROM keys").fetchone()[0])
+        count = self.store.read(lambda reader: reader.key_count())
         if fingerprint is not None and count:
             if not self.settings.auto_migrate:
                 was = (f"half re-embedded for {fingerprint.removeprefix(PARTIAL)}"
@@ -510,10 +510,10 @@ class MemoryGraph:
                 )
             self._reembed(fingerprint, stored, progress)
 
-        def stamp(tx: Tx) -> None:
-            self._set_meta(tx.conn, {"embedder_fingerprint": self.embedder.fingerprint,
-                                     "embedder_dim": str(self.embedder.dim)})
-            tx.conn.execute("DELETE FROM meta WHERE name LIKE 'reembed_%'")
+        def stamp(writer: Writer) -> None:
+            writer.set_meta({"embedder_fingerprint": self.embedder.fingerprint,
+                             "embedder_dim": str(self.embedder.dim)})
+            writer.delete_meta_prefixed(REEMBED_META)
 
         self.store.write(stamp)
 
@@ -525,7 +525,7 @@ class MemoryGraph:
         embedding space: the next start with the same model resumes after the last chunk
         written, and one with any other model (the old one too) embeds everything again."""
         fingerprint = self.embedder.fingerprint
-        done_at = {kind: int(stored.get(f"reembed_{kind}_done", "0")) for kind in ("keys", "memories")}
+        done_at = {kind: int(stored.get(f"{REEMBED_META}{kind}_done", "0")) for kind in ("keys", "memories")}
         if old == PARTIAL + fingerprint:
             logger.info("resuming the re-embedding for %s where it stopped", fingerprint)
         else:
@@ -534,32 +534,29 @@ class MemoryGraph:
             backup = self.settings.backup_dir / f"keymem-before-reembed-{tag}-{int(self.clock())}.db"
             self.store.backup_to(backup)
             logger.info("embedder changed (%s -> %s): backed up to %s, re-embedding", old, fingerprint, backup)
-            self.store.write(lambda tx: self._set_meta(tx.conn, {
-                "embedder_fingerprint": PARTIAL + fingerprint, "reembed_keys_done": "0",
-                "reembed_memories_done": "0"}))
-
-        def remaining(sql: str, after: int) -> list[Any]:
-            return self.store.read(lambda c: c.execute(sql, (after,)).fetchall())
+            self.store.write(lambda writer: writer.set_meta({
+                "embedder_fingerprint": PARTIAL + fingerprint, f"{REEMBED_META}keys_done": "0",
+                f"{REEMBED_META}memories_done": "0"}))
 
         work = {
-            "keys": remaining("SELECT rowid, id, concept FROM keys WHERE rowid > ? ORDER BY rowid",
-                              done_at["keys"]),
-            "memories": remaining("SELECT rowid, id, content FROM memories WHERE vector IS NOT NULL AND rowid > ? "
-                                  "ORDER BY rowid", done_at["memories"]),
+            "keys": self.store.read(lambda reader: reader.keys_after(done_at["keys"])),
+            "memories": self.store.read(lambda reader: reader.vectors_after(done_at["memories"])),
         }
         total = sum(len(rows) for rows in work.values())
         done = 0
         for kind, rows in work.items():
-            table = kind  # the tables are named for what they hold
-            for start in range(0, len(rows), 256):
-                chunk = rows[start:start + 256]
+            for start in range(0, len(rows), REEMBED_CHUNK):
+                chunk = rows[start:start + REEMBED_CHUNK]
                 vectors = self.embedder.embed([r[2] for r in chunk])
                 pairs = [(vector_bytes(v), r[1]) for r, v in zip(chunk, vectors, strict=True)]
 
-                def update(tx: Tx, pairs: list[tuple[bytes, str]] = pairs, table: str = table, kind: str = kind,
+                def update(writer: Writer, pairs: list[tuple[bytes, str]] = pairs, kind: str = kind,
                            last: int = chunk[-1][0]) -> None:
-                    tx.conn.executemany(f"UPDATE {table} SET vector = ? WHERE id = ?", pairs)
-                    self._set_meta(tx.conn, {f"reembed_{kind}_done": str(last)})
+                    if kind == "keys":
+                        writer.set_key_vectors(pairs)
+                    else:
+                        writer.set_memory_vectors(pairs)
+                    writer.set_meta({f"{REEMBED_META}{kind}_done": str(last)})
 
                 self.store.write(update)
                 done += len(chunk)
@@ -570,37 +567,32 @@ class MemoryGraph:
     def _load_vocabulary(self) -> None:
         """Teach the analyzer the loanwords this store learned. A store that never listed
         them (made before keymem learned loanwords) is searched for them once."""
-        row = self.store.read(lambda c: c.execute("SELECT value FROM meta WHERE name = ?",
-                                                  (VOCABULARY_META,)).fetchone())
-        listed = _word_list(row[0]) if row is not None else None
+        value = self.store.read(lambda reader: reader.meta_value(VOCABULARY_META))
+        listed = _word_list(value) if value is not None else None
         if listed is None:
-            if row is not None:
+            if value is not None:
                 logger.warning("the store's list of learned loanwords is unreadable; looking for them again")
             self.analyzer.learn(self.store.read(self._stored_loanwords))
         else:
             self._vocabulary = frozenset(listed)
             self.analyzer.learn(self._vocabulary)
         if listed is None or self.analyzer.learned - self._vocabulary:
-            self.store.write(lambda tx: self.sync_vocabulary(tx, save=True))
+            self.store.write(lambda writer: self.sync_vocabulary(writer, save=True))
 
-    def _stored_loanwords(self, conn: sqlite3.Connection) -> list[str]:
+    def _stored_loanwords(self, reader: Reader) -> list[str]:
         found: set[str] = set()
-        for key_id, concept in conn.execute("SELECT id, concept FROM keys").fetchall():
+        for key_id, concept in reader.key_concepts():
             if not has_hangul(concept) or not self.analyzer.misread([concept]):
                 continue
             # A few of its memories tell whether a Latin word beside it sounds the same.
-            for content, keys in conn.execute(
-                    "SELECT m.content, (SELECT group_concat(k.concept, char(31)) FROM links o "
-                    "JOIN keys k ON k.id = o.key_id WHERE o.memory_id = m.id) "
-                    "FROM links l JOIN memories m ON m.id = l.memory_id "
-                    "WHERE l.key_id = ? AND m.superseded_by IS NULL LIMIT 20", (key_id,)):
-                words = self.analyzer.loanwords(keys.split("\x1f"), content)
+            for content, keys in reader.loanword_evidence(key_id, LOANWORD_EVIDENCE):
+                words = self.analyzer.loanwords(keys, content)
                 if words:
                     found.update(words)
                     break
         return sorted(found)
 
-    def sync_vocabulary(self, tx: Tx, *, save: bool = False) -> None:
+    def sync_vocabulary(self, writer: Writer, *, save: bool = False) -> None:
         """Bring the lexical index up to the analyzer's vocabulary: the text of memories and
         keys holding a word it learned since (in this store, or in another one this process
         opened) is cut differently now, so it is indexed again."""
@@ -608,32 +600,21 @@ class MemoryGraph:
         missing = learned - self._vocabulary
         if not missing and not save:
             return
-        conn = tx.conn
         forms = sorted({form for w in missing for form in (w, unicodedata.normalize("NFD", w))})
-
-        def holding(column: str) -> str:
-            return " OR ".join([f"instr({column}, ?) > 0"] * len(forms)) or "0"
-
-        memory_ids = {r[0] for r in conn.execute(
-            f"SELECT m.id FROM memories m JOIN memory_fts f ON f.rowid = m.rowid WHERE {holding('m.content')}",
-            forms)}
+        memory_ids = writer.indexed_holding(forms)
         touched: set[str] = set()
-        for key_id, concept in conn.execute(f"SELECT id, concept FROM keys WHERE {holding('concept')}",
-                                            forms).fetchall():
-            conn.execute("UPDATE keys SET compact = ? WHERE id = ?", (self.analyzer.compact(concept), key_id))
+        for key_id, concept in writer.keys_holding(forms):
+            writer.set_key_compact(key_id, self.analyzer.compact(concept))
             touched.add(key_id)
-        for key_id, alias in conn.execute(f"SELECT key_id, alias FROM aliases WHERE {holding('alias')}",
-                                          forms).fetchall():
-            conn.execute("UPDATE aliases SET compact = ? WHERE key_id = ? AND alias = ?",
-                         (self.analyzer.compact(alias), key_id, alias))
+        for key_id, alias in writer.aliases_holding(forms):
+            writer.set_alias_compact(key_id, alias, self.analyzer.compact(alias))
             touched.add(key_id)
         for memory_id in memory_ids:
-            self.index_memory(tx, memory_id)
-        linked = {r[0] for r in rows_in(conn, "SELECT DISTINCT memory_id FROM links WHERE key_id IN ({marks})",
-                                        sorted(touched))}
-        self._reindex_keys_of(tx, linked - memory_ids)
-        self._set_meta(conn, {VOCABULARY_META: json.dumps(sorted(learned), ensure_ascii=False)})
-        infos = [self._key_info(conn, key_id) for key_id in touched]
+            self.index_memory(writer, memory_id)
+        linked = set(writer.memories_linked_to(sorted(touched)))
+        self._reindex_keys_of(writer, linked - memory_ids)
+        writer.set_meta({VOCABULARY_META: json.dumps(sorted(learned), ensure_ascii=False)})
+        infos = [writer.key_info(key_id) for key_id in touched]
         if memory_ids or linked or touched:
             logger.info("re-indexed %d memories and %d keys holding learned word(s): %s",
                         len(memory_ids | linked), len(touched), ", ".join(sorted(missing)))
@@ -643,11 +624,7 @@ class MemoryGraph:
             for info in infos:
                 self.keys.put(info)
 
-        tx.after_commit(apply)
-
-    @staticmethod
-    def _set_meta(conn: sqlite3.Connection, values: Mapping[str, str]) -> None:
-        conn.executemany("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)", list(values.items()))
+        writer.after_commit(apply)
 
     # -- small shared reads ---------------------------------------------------------------
 
@@ -662,34 +639,21 @@ class MemoryGraph:
         """Active memories of each key in a namespace, a set of them, or all (None)."""
         return KeyCounts(self.counts.get_many(key_ids, namespaces, now))
 
-    def _member_state(self, conn: sqlite3.Connection, memory_id: str) -> MemberState | None:
-        """What the memory contributes to key counts now (None: gone or superseded)."""
-        row = conn.execute("SELECT namespace, expires_at, superseded_by FROM memories WHERE id = ?",
-                           (memory_id,)).fetchone()
-        if row is None or row["superseded_by"] is not None:
-            return None
-        keys = tuple(r[0] for r in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory_id,)))
-        return MemberState(row["namespace"], keys, row["expires_at"])
-
     @contextlib.contextmanager
-    def _counting(self, tx: Tx, memory_ids: Sequence[str]) -> Iterator[list[str]]:
+    def _counting(self, writer: Writer, memory_ids: Sequence[str]) -> Iterator[list[str]]:
         """Report how the listed memories' key contributions change inside this block (more
         ids may be appended to the yielded list while it runs; they count from empty)."""
         ids = list(memory_ids)
-        before = {mid: self._member_state(tx.conn, mid) for mid in ids}
+        before = {mid: writer.member_state(mid) for mid in ids}
         yield ids
         for mid in dict.fromkeys(ids):
-            old, new = before.get(mid), self._member_state(tx.conn, mid)
+            old, new = before.get(mid), writer.member_state(mid)
             if old != new:
-                tx.after_commit(functools.partial(self.counts.apply, mid, old, new))
+                writer.after_commit(functools.partial(self.counts.apply, mid, old, new))
 
-    def count_active(self, conn: sqlite3.Connection, namespace: str | None, now: float) -> int:
+    def count_active(self, reader: SnapshotArg, namespace: str | None, now: float) -> int:
         """Active memories in a namespace (None: in all of them)."""
-        sql, params = f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE}", [now]
-        if namespace is not None:
-            sql += " AND m.namespace = ?"
-            params.append(namespace)  # type: ignore[arg-type]
-        return int(conn.execute(sql, params).fetchone()[0])
+        return reader.count_active(namespace, now)
 
     def key_view(self, info: KeyInfo, count: int, learned: Sequence[str] = ()) -> KeyView:
         return KeyView(
@@ -699,19 +663,12 @@ class MemoryGraph:
             specificity=round(1.0 / count, 3) if count else 0.0,
         )
 
-    def learned_aliases(self, conn: sqlite3.Connection, key_id: str) -> list[str]:
-        return [r[0] for r in conn.execute(
-            "SELECT alias FROM aliases WHERE key_id = ? AND learned = 1 ORDER BY added_at", (key_id,))]
-
     def token_stats(self, tokens: Iterable[str]) -> tuple[dict[str, int], int]:
         """How many active memories contain each token, and how many there are."""
         unique = list(dict.fromkeys(tokens))
         if not unique:
             return {}, len(self.bodies)
-        marks = ",".join("?" * len(unique))
-        rows = self.store.read(lambda c: c.execute(
-            f"SELECT term, doc FROM memory_vocab WHERE term IN ({marks})", unique).fetchall())
-        return {r[0]: int(r[1]) for r in rows}, len(self.bodies)
+        return self.store.read(lambda reader: reader.document_frequencies(unique)), len(self.bodies)
 
     def idf(self, key_id: str) -> float:
         """1 for a key on one memory, 1/n on n (all namespaces, history included); entities
@@ -722,18 +679,14 @@ class MemoryGraph:
         value = 1.0 if info.link_count <= 1 else 1.0 / info.link_count
         return value * 0.5 if info.is_entity else value
 
-    def batch_siblings(self, conn: sqlite3.Connection, memory: Memory, now: float) -> list[str] | None:
+    def batch_siblings(self, reader: SnapshotArg, memory: Memory, now: float) -> list[str] | None:
         batch = memory.batch_id
         if batch is None:
             return None
-        rows = conn.execute(
-            f"SELECT m.id FROM memories m WHERE json_extract(m.source, '$.batch_id') = ? AND m.id != ? "
-            f"AND m.namespace = ? AND {ACTIVE}", (batch, memory.id, memory.namespace, now)).fetchall()
-        return [r[0] for r in rows] or None
+        return reader.batch_siblings(batch, memory, now) or None
 
-    def related_ids(self, conn: sqlite3.Connection, memory_id: str) -> list[str]:
-        return [r[0] for r in conn.execute(
-            "SELECT to_id FROM relations WHERE from_id = ? ORDER BY to_id", (memory_id,))]
+    def related_ids(self, reader: SnapshotArg, memory_id: str) -> list[str]:
+        return reader.related_ids(memory_id)
 
     def resolve_namespace(self, namespace: object, *, field: str = "namespace") -> str | None:
         if namespace is None:
@@ -742,10 +695,10 @@ class MemoryGraph:
             raise InvalidInput(f"{field} must be a string", field=field)
         return normalize_namespace(namespace) if namespace.strip() else None
 
-    def active_memory(self, conn: sqlite3.Connection, memory_id: str, namespace: str | None,
+    def active_memory(self, reader: Reader, memory_id: str, namespace: str | None,
                       now: float) -> Memory:
         """The memory, if it is active and in ``namespace``; ``NotFound``/``Refused`` otherwise."""
-        memory = get_memory(conn, memory_id) if isinstance(memory_id, str) else None
+        memory = reader.memory(memory_id) if isinstance(memory_id, str) else None
         if memory is None or memory.expired(now) or (namespace is not None and memory.namespace != namespace):
             raise NotFound(f"Memory {memory_id} not found")
         if memory.superseded_by is not None:
@@ -869,11 +822,11 @@ class MemoryGraph:
         prepared = self._embed_request(request)
         source = self.stamp("remember", host, request.source)
 
-        def write(tx: Tx) -> RememberResult | Replayed:
-            replay = self._replay(tx.conn, idempotency_key)
+        def write(writer: Writer) -> RememberResult | Replayed:
+            replay = self._replay(writer, idempotency_key)
             if replay is not None:
                 return replay
-            saved, deduplicated, refs = self._store_memory(tx, request, prepared, source)
+            saved, deduplicated, refs = self._store_memory(writer, request, prepared, source)
             result = RememberResult(
                 saved=saved,
                 deduplicated=True if deduplicated else None,
@@ -883,7 +836,7 @@ class MemoryGraph:
                 dropped_keys=request.dropped_keys or None,
                 keys=refs,
             )
-            self._record(tx.conn, idempotency_key, result)
+            self._record(writer, idempotency_key, result)
             return result
 
         result = self.store.write(write)
@@ -903,8 +856,8 @@ class MemoryGraph:
         batch_id = str(uuid.uuid4()) if len(items) > 1 else None
         prepared = [None if isinstance(i, InvalidInput) else self._embed_request(i) for i in items]
 
-        def write(tx: Tx) -> BatchResult | Replayed:
-            replay = self._replay(tx.conn, idempotency_key)
+        def write(writer: Writer) -> BatchResult | Replayed:
+            replay = self._replay(writer, idempotency_key)
             if replay is not None:
                 return replay
             out: list[BatchItem] = []
@@ -918,7 +871,7 @@ class MemoryGraph:
                 source = self.stamp("remember_batch", host, item.source,
                                     {"batch_id": batch_id} if batch_id else None)
                 try:
-                    saved, dedup, _ = self._store_memory(tx, item, vectors, source, batch_keys)
+                    saved, dedup, _ = self._store_memory(writer, item, vectors, source, batch_keys)
                 except InvalidInput as exc:
                     # Raised before the item wrote anything (its references are checked first).
                     out.append(BatchItem(index=index, error=exc.message, field=exc.field))
@@ -927,32 +880,31 @@ class MemoryGraph:
                                      redacted=item.redacted or None))
             ok = sum(1 for i in out if i.saved)
             result = BatchResult(saved=ok, failed=len(out) - ok, items=out, batch_id=batch_id if ok else None)
-            self._record(tx.conn, idempotency_key, result)
+            self._record(writer, idempotency_key, result)
             return result
 
         return self.store.write(write)
 
-    def _replay(self, conn: sqlite3.Connection, idempotency: IdempotencyKey | None) -> Replayed | None:
+    def _replay(self, reader: Reader, idempotency: IdempotencyKey | None) -> Replayed | None:
         """The stored answer of the request this key first came with; the same key on a
         different request is refused (replaying would drop that request silently)."""
         if idempotency is None:
             return None
-        row = conn.execute("SELECT result, fingerprint FROM idempotency WHERE key = ?",
-                           (idempotency.key,)).fetchone()
-        if row is None:
+        found = reader.idempotent_result(idempotency.key)
+        if found is None:
             return None
+        answer, fingerprint = found
         # A row recorded before fingerprints were stored (NULL) can only be replayed.
-        if row[1] is not None and row[1] != idempotency.fingerprint:
+        if fingerprint is not None and fingerprint != idempotency.fingerprint:
             raise IdempotencyKeyReused(
                 f"Idempotency-Key {idempotency.key[:80]!r} was already used for a different request "
                 "(another tool or other arguments); nothing was done. Send a fresh key with every "
                 "new request and reuse a key only to retry exactly the same call.")
-        return Replayed(json.loads(row[0]))
+        return Replayed(answer)
 
-    def _record(self, conn: sqlite3.Connection, idempotency: IdempotencyKey | None, result: object) -> None:
+    def _record(self, writer: Writer, idempotency: IdempotencyKey | None, result: object) -> None:
         if idempotency is not None:
-            conn.execute("INSERT INTO idempotency(key, result, created_at, fingerprint) VALUES (?, ?, ?, ?)",
-                         (idempotency.key, dumps(result), self.clock(), idempotency.fingerprint))
+            writer.record_idempotent(idempotency.key, dumps(result), self.clock(), idempotency.fingerprint)
 
     @dataclass(frozen=True, slots=True)
     class _Vectors:
@@ -976,71 +928,50 @@ class MemoryGraph:
         return MemoryGraph._Vectors(dict(zip(request.keys, vectors[:-1], strict=True)), vectors[-1], tokens,
                                     vocabulary)
 
-    def _store_memory(self, tx: Tx, request: NewMemory, vectors: MemoryGraph._Vectors,
+    def _store_memory(self, writer: Writer, request: NewMemory, vectors: MemoryGraph._Vectors,
                       source: dict[str, Any], batch: _BatchKeys | None = None) -> tuple[str, bool, list[KeyRef]]:
         """Insert one memory (or fold it into its identical twin) with its keys and links."""
-        self.sync_vocabulary(tx)
-        conn, now = tx.conn, self.clock()
-        self._check_related(conn, request.related_to, now)
+        self.sync_vocabulary(writer)
+        now = self.clock()
+        self._check_related(writer, request.related_to, now)
         digest = dedup_hash(request.content)
-        twin = conn.execute(
-            f"SELECT m.id FROM memories m WHERE m.namespace = ? AND m.dedup_hash = ? AND {ACTIVE} LIMIT 1",
-            (request.namespace, digest, now)).fetchone()
+        expires = None if request.ttl_seconds is None else now + request.ttl_seconds
+        twin = writer.active_twin(request.namespace, digest, now)
         if twin is not None:
-            memory_id = twin[0]
-            updates: dict[str, Any] = {
-                "last_confirmed_at": now, "updated_at": now,
-                "last_confirmation_evidence": "user",
-                "last_confirmation_source": json.dumps(source, ensure_ascii=False),
-            }
-            if request.ttl_seconds is not None:
-                updates["expires_at"] = now + request.ttl_seconds
-            sets = ", ".join(f"{k} = ?" for k in updates)
-            with self._counting(tx, [memory_id]):
-                conn.execute(f"UPDATE memories SET {sets}, confirmation_count = confirmation_count + 1 "
-                             f"WHERE id = ?", [*updates.values(), memory_id])
-                refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
-            self._add_relations(conn, memory_id, request.related_to)
-            self._reindex_keys_of(tx, [memory_id])
-            return memory_id, True, refs
+            with self._counting(writer, [twin]):
+                writer.fold_into_twin(twin, now=now, source=source, expires_at=expires)
+                refs = self._link_keys(writer, twin, request.keys, request.key_types, vectors.keys, batch=batch)
+            writer.add_relations(twin, request.related_to)
+            self._reindex_keys_of(writer, [twin])
+            return twin, True, refs
         memory_id = new_id()
-        with self._counting(tx, [memory_id]):
-            conn.execute(
-                "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
-                "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
-                "last_confirmation_source, expires_at, source, vector) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?)",
-                (memory_id, request.content, digest, request.namespace, now, now, request.observed_at, now,
-                 request.decay_profile, json.dumps(source, ensure_ascii=False),
-                 None if request.ttl_seconds is None else now + request.ttl_seconds,
-                 json.dumps(source, ensure_ascii=False), vector_bytes(vectors.body)))
-            refs = self._link_keys(tx, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
-        self._add_relations(conn, memory_id, request.related_to)
-        self.index_memory(tx, memory_id, vectors.indexable(self.analyzer))
+        with self._counting(writer, [memory_id]):
+            writer.insert_memory(MemoryRow(
+                id=memory_id, content=request.content, dedup_hash=digest, namespace=request.namespace, at=now,
+                observed_at=request.observed_at, decay_profile=request.decay_profile, source=source,
+                expires_at=expires, vector=vector_bytes(vectors.body)))
+            refs = self._link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
+        writer.add_relations(memory_id, request.related_to)
+        self.index_memory(writer, memory_id, vectors.indexable(self.analyzer))
         body, code = vectors.body, self.namespace_code(request.namespace)
-        tx.after_commit(lambda: self.bodies.upsert(memory_id, body, code))
+        writer.after_commit(lambda: self.bodies.upsert(memory_id, body, code))
         return memory_id, False, refs
 
-    def _check_related(self, conn: sqlite3.Connection, related: Sequence[str], now: float) -> None:
+    def _check_related(self, reader: Reader, related: Sequence[str], now: float) -> None:
         if not related:
             return
-        found = get_memories(conn, related)
+        found = reader.memories(related)
         missing = [r for r in related if r not in found or not found[r].active(now)]
         if missing:
             raise InvalidInput(f"related_to names unknown or inactive memories: {', '.join(missing[:5])}",
                                field="related_to")
 
-    def _add_relations(self, conn: sqlite3.Connection, memory_id: str, related: Sequence[str]) -> None:
-        conn.executemany("INSERT OR IGNORE INTO relations(from_id, to_id) VALUES (?, ?)",
-                         [(memory_id, r) for r in related if r != memory_id])
-
-    def _link_keys(self, tx: Tx, memory_id: str, keys: Sequence[str], key_types: Mapping[str, KeyType],
+    def _link_keys(self, writer: Writer, memory_id: str, keys: Sequence[str], key_types: Mapping[str, KeyType],
                    vectors: Mapping[str, npt.NDArray[np.float32]], weight: float = LINK_DEFAULT,
                    auto: bool = False, batch: _BatchKeys | None = None) -> list[KeyRef]:
         """Resolve each key (reuse, merge or create) and link it to the memory. ``batch``:
         the keys earlier writes of the same transaction resolved, which the index does not
         hold before COMMIT."""
-        conn = tx.conn
         batch = batch if batch is not None else _BatchKeys()
         pending = batch.pending
         touched: set[str] = set()
@@ -1059,24 +990,22 @@ class MemoryGraph:
             elif partner is not None and partner in resolved and self.keys.by_norm(normalize(key)) is None \
                     and not any(normalize(p.concept) == normalize(key) for p in pending):
                 key_id = resolved[partner]
-                self._add_alias(conn, key_id, key, learned=False)
+                self._add_alias(writer, key_id, key, learned=False)
                 touched.add(key_id)
             else:
                 match = self.keys.resolve(key, kind, vectors[key], self.profile, pending, near[key])
                 if match.key_id is None:
                     key_id = new_id()
-                    conn.execute(
-                        "INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (key_id, key, normalize(key), self.analyzer.compact(key), kind,
-                         vector_bytes(vectors[key]), self.clock()))
+                    writer.insert_key(KeyRow(
+                        id=key_id, concept=key, norm=normalize(key), compact=self.analyzer.compact(key),
+                        key_type=kind, vector=vector_bytes(vectors[key]), created_at=self.clock()))
                     pending.append(PendingKey(key_id, key, kind, vectors[key]))
                 else:
                     key_id = match.key_id
                     if match.promote_to is not None:
-                        conn.execute("UPDATE keys SET key_type = ? WHERE id = ?", (match.promote_to, key_id))
+                        writer.set_key_type(key_id, match.promote_to)
                     if match.add_alias:
-                        self._add_alias(conn, key_id, key, learned=False)
+                        self._add_alias(writer, key_id, key, learned=False)
                 touched.add(key_id)
             resolved[key] = key_id
             batch.by_norm[normalize(key)] = key_id
@@ -1084,22 +1013,20 @@ class MemoryGraph:
                 linked.append(key_id)
         new_links = []
         for key_id in linked:
-            cur = conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
-                               (key_id, memory_id, weight, int(auto)))
-            if cur.rowcount:
+            if writer.link(key_id, memory_id, weight, auto):
                 new_links.append(key_id)
-        infos = {kid: self._key_info(conn, kid) for kid in touched}
+        infos = {kid: writer.key_info(kid) for kid in touched}
         vectors_of = {p.id: p.vector for p in pending}
 
         def apply() -> None:
             for kid, info in infos.items():
                 self.keys.put(info, vectors_of.get(kid))
 
-        tx.after_commit(apply)
+        writer.after_commit(apply)
         # Key infos above already carry fresh link counts; only untouched keys need deltas.
         for kid in new_links:
             if kid not in touched:
-                tx.after_commit(functools.partial(self.keys.add_links, kid, 1))
+                writer.after_commit(functools.partial(self.keys.add_links, kid, 1))
         return [KeyRef(concept=infos[k].concept if k in infos else self.concept(k), key_id=k) for k in linked]
 
     def concept(self, key_id: str) -> str:
@@ -1126,62 +1053,37 @@ class MemoryGraph:
                 pairs[second] = first
         return pairs
 
-    def _add_alias(self, conn: sqlite3.Connection, key_id: str, alias: str, *, learned: bool) -> bool:
-        row = conn.execute("SELECT concept FROM keys WHERE id = ?", (key_id,)).fetchone()
-        if row is None or normalize(row[0]) == normalize(alias) or len(alias.strip()) < 1:
+    def _add_alias(self, writer: Writer, key_id: str, alias: str, *, learned: bool) -> bool:
+        concept = writer.key_concept(key_id)
+        if concept is None or normalize(concept) == normalize(alias) or len(alias.strip()) < 1:
             return False
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (key_id, alias, normalize(alias), self.analyzer.compact(alias), int(learned), self.clock()))
-        return cur.rowcount > 0
+        return writer.add_alias(key_id, alias, norm=normalize(alias), compact=self.analyzer.compact(alias),
+                                learned=learned, added_at=self.clock())
 
-    def _key_info(self, conn: sqlite3.Connection, key_id: str) -> KeyInfo:
-        row = conn.execute("SELECT id, concept, compact, key_type FROM keys WHERE id = ?", (key_id,)).fetchone()
-        aliases = conn.execute("SELECT alias, compact FROM aliases WHERE key_id = ? ORDER BY added_at",
-                               (key_id,)).fetchall()
-        count = conn.execute("SELECT COUNT(*) FROM links WHERE key_id = ?", (key_id,)).fetchone()[0]
-        return KeyInfo(id=row["id"], concept=row["concept"], key_type=row["key_type"], compact=row["compact"],
-                       aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
-                       link_count=count)
+    def _key_tokens_of(self, reader: Reader, memory_id: str) -> str:
+        return " ".join(t for text in reader.key_texts_of(memory_id) for t in self.analyzer.key_tokens(text))
 
-    def _key_tokens_of(self, conn: sqlite3.Connection, memory_id: str) -> str:
-        texts: list[str] = []
-        for row in conn.execute(
-                "SELECT k.concept, k.id FROM links l JOIN keys k ON k.id = l.key_id WHERE l.memory_id = ?",
-                (memory_id,)):
-            texts.append(row[0])
-            texts.extend(a[0] for a in conn.execute("SELECT alias FROM aliases WHERE key_id = ?", (row[1],)))
-        return " ".join(t for text in texts for t in self.analyzer.key_tokens(text))
-
-    def index_memory(self, tx: Tx, memory_id: str, content_tokens: str | None = None) -> None:
-        conn = tx.conn
-        row = conn.execute("SELECT rowid, content FROM memories WHERE id = ?", (memory_id,)).fetchone()
+    def index_memory(self, writer: Writer, memory_id: str, content_tokens: str | None = None) -> None:
         if content_tokens is None:
-            content_tokens = " ".join(self.analyzer.index_tokens(row["content"]))
-        conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (row["rowid"],))
-        conn.execute("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) VALUES (?, ?, ?)",
-                     (row["rowid"], content_tokens, self._key_tokens_of(conn, memory_id)))
+            content = writer.memory_content(memory_id)
+            assert content is not None
+            content_tokens = " ".join(self.analyzer.index_tokens(content))
+        writer.index_memory(memory_id, content_tokens, self._key_tokens_of(writer, memory_id))
 
-    def _reindex_keys_of(self, tx: Tx, memory_ids: Iterable[str]) -> None:
-        conn = tx.conn
+    def _reindex_keys_of(self, writer: Writer, memory_ids: Iterable[str]) -> None:
         for memory_id in memory_ids:
-            row = conn.execute("SELECT rowid FROM memories WHERE id = ? AND superseded_by IS NULL",
-                               (memory_id,)).fetchone()
-            if row is not None:
-                conn.execute("UPDATE memory_fts SET key_tokens = ? WHERE rowid = ?",
-                             (self._key_tokens_of(conn, memory_id), row[0]))
+            if writer.is_current(memory_id):
+                writer.set_key_tokens(memory_id, self._key_tokens_of(writer, memory_id))
 
-    def _unindex(self, tx: Tx, memory: Memory) -> None:
-        tx.conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (memory.rowid,))
-        tx.after_commit(lambda: self.bodies.remove(memory.id))
+    def _unindex(self, writer: Writer, memory: Memory) -> None:
+        writer.unindex(memory.rowid)
+        writer.after_commit(lambda: self.bodies.remove(memory.id))
 
     # -- write hints ----------------------------------------------------------------------
 
     def write_hints(self, memory_id: str, provided: Sequence[str]) -> Hints | None:
         """Near-duplicate keys, missing-language and phrase-key advice (read-only)."""
-        linked = set(self.store.read(lambda c: [r[0] for r in c.execute(
-            "SELECT key_id FROM links WHERE memory_id = ?", (memory_id,))]))
+        linked = set(self.store.read(lambda reader: reader.key_ids_of(memory_id)))
         provided_norms = {normalize(k) for k in provided}
         mine: list[tuple[KeyInfo, npt.NDArray[np.float32]]] = []
         for key_id in linked:
@@ -1223,119 +1125,104 @@ class MemoryGraph:
         prepared = self._embed_request(request)
         source = self.stamp("correct", host, request.source)
 
-        def write(tx: Tx) -> CorrectResult | Replayed:
-            replay = self._replay(tx.conn, idempotency_key)
+        def write(writer: Writer) -> CorrectResult | Replayed:
+            replay = self._replay(writer, idempotency_key)
             if replay is not None:
                 return replay
-            conn, now = tx.conn, self.clock()
-            old = get_memory(conn, memory_id)
+            now = self.clock()
+            old = writer.memory(memory_id)
             # Follow the chain to its live head, so two corrections in a row form one chain.
             while old is not None and old.superseded_by is not None:
-                old = get_memory(conn, old.superseded_by)
+                old = writer.memory(old.superseded_by)
             if old is None or old.expired(now):
                 raise NotFound(f"Memory {memory_id} not found")
-            self.sync_vocabulary(tx)
+            self.sync_vocabulary(writer)
             if old.supersedes is not None:
-                grandparent = get_memory(conn, old.supersedes)
+                grandparent = writer.memory(old.supersedes)
                 if grandparent is not None:
-                    self._delete(tx, grandparent)
-                conn.execute("UPDATE memories SET supersedes = NULL WHERE id = ?", (old.id,))
-            self._check_related(conn, request.related_to, now)
+                    self._delete(writer, grandparent)
+                writer.clear_supersedes(old.id)
+            self._check_related(writer, request.related_to, now)
             new = new_id()
-            with self._counting(tx, [old.id, new]):
+            with self._counting(writer, [old.id, new]):
                 expires = (now + request.ttl_seconds if request.ttl_seconds is not None else None) \
                     if ttl_given else old.expires_at
                 profile = request.decay_profile if decay_given else old.decay_profile
-                conn.execute(
-                    "INSERT INTO memories(id, content, dedup_hash, namespace, created_at, updated_at, observed_at, "
-                    "last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
-                    "last_confirmation_source, expires_at, supersedes, source, vector) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 'user', ?, ?, ?, ?, ?)",
-                    (new, request.content, dedup_hash(request.content), old.namespace, now, now,
-                     request.observed_at, now, profile, json.dumps(source, ensure_ascii=False), expires, old.id,
-                     json.dumps(source, ensure_ascii=False), vector_bytes(prepared.body)))
-                factor = 0.8 if old.depth >= DEEP_DEPTH else 0.3
-                conn.execute("UPDATE memories SET superseded_by = ?, depth = depth * ?, updated_at = ? WHERE id = ?",
-                             (new, factor, now, old.id))
-                self._unindex(tx, old)
-                related = request.related_to if related_given else self.related_ids(conn, old.id)
-                self._add_relations(conn, new, related)
+                writer.insert_memory(MemoryRow(
+                    id=new, content=request.content, dedup_hash=dedup_hash(request.content),
+                    namespace=old.namespace, at=now, observed_at=request.observed_at, decay_profile=profile,
+                    source=source, expires_at=expires, vector=vector_bytes(prepared.body), supersedes=old.id))
+                writer.supersede(old.id, new, depth_factor=superseded_depth_factor(old.depth), now=now)
+                self._unindex(writer, old)
+                related = request.related_to if related_given else writer.related_ids(old.id)
+                writer.add_relations(new, related)
                 note = None
                 if keys_given and request.keys:
-                    self._link_keys(tx, new, request.keys, request.key_types, prepared.keys)
+                    self._link_keys(writer, new, request.keys, request.key_types, prepared.keys)
                 else:
-                    inherited = conn.execute(
-                        "SELECT l.key_id, l.weight, l.auto, k.concept FROM links l JOIN keys k ON k.id = l.key_id "
-                        "WHERE l.memory_id = ? ORDER BY l.weight DESC", (old.id,)).fetchall()
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
-                        [(r[0], new, max(LINK_MIN, r[1] - CORRECT_PENALTY), r[2]) for r in inherited])
-                    for r in inherited:
-                        tx.after_commit(functools.partial(self.keys.add_links, r[0], 1))
-                    concepts = [r[3] for r in inherited]
+                    inherited = writer.links_of(old.id)
+                    writer.add_links([(kid, new, inherited_weight(weight), auto) for kid, weight, auto in inherited])
+                    for kid, _, _ in inherited:
+                        writer.after_commit(functools.partial(self.keys.add_links, kid, 1))
+                    concepts = [writer.key_concept(kid) or kid for kid, _, _ in inherited]
                     if concepts:
                         note = (f"Reused {len(concepts)} prior key(s) [{', '.join(concepts)}] -- pass `keys` to "
                                 "retag if the correction changed the topic.")
-            self.index_memory(tx, new, prepared.indexable(self.analyzer))
+            self.index_memory(writer, new, prepared.indexable(self.analyzer))
             body, code = prepared.body, self.namespace_code(old.namespace)
-            tx.after_commit(lambda: self.bodies.upsert(new, body, code))
+            writer.after_commit(lambda: self.bodies.upsert(new, body, code))
             result = CorrectResult(new_id=new, superseded=memory_id, note=note,
                                    redacted=request.redacted or None)
-            self._record(conn, idempotency_key, result)
+            self._record(writer, idempotency_key, result)
             return result
 
         return self.store.write(write)
 
     # -- writes: deletion -----------------------------------------------------------------
 
-    def _delete(self, tx: Tx, memory: Memory) -> str | None:
+    def _delete(self, writer: Writer, memory: Memory) -> str | None:
         """Hard-delete one memory; if it was a correction, its predecessor becomes active
         again (undo). Keys left without any link are deleted too. Returns the restored id."""
-        conn = tx.conn
-        predecessor_row = conn.execute("SELECT id FROM memories WHERE superseded_by = ?", (memory.id,)).fetchone()
-        affected = [memory.id] + ([predecessor_row[0]] if predecessor_row is not None else [])
-        with self._counting(tx, affected):
-            return self._delete_counted(tx, memory)
+        predecessor = writer.predecessor_of(memory.id)
+        affected = [memory.id] + ([predecessor] if predecessor is not None else [])
+        with self._counting(writer, affected):
+            return self._delete_counted(writer, memory)
 
-    def _delete_counted(self, tx: Tx, memory: Memory) -> str | None:
-        conn = tx.conn
-        key_ids = [r[0] for r in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory.id,))]
-        conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (memory.rowid,))
-        conn.execute("DELETE FROM memories WHERE id = ?", (memory.id,))
-        restored = None
-        predecessor = conn.execute("SELECT id FROM memories WHERE superseded_by = ?", (memory.id,)).fetchone()
-        if predecessor is not None:
-            restored = predecessor[0]
-            conn.execute("UPDATE memories SET superseded_by = NULL WHERE id = ?", (restored,))
-            self.index_memory(tx, restored)
-            row = conn.execute("SELECT vector, namespace FROM memories WHERE id = ?", (restored,)).fetchone()
-            if row["vector"] is not None and vector_problem(row["vector"], self.embedder.dim) is None:
-                vec, code = vector_from(row["vector"]), self.namespace_code(row["namespace"])
-                tx.after_commit(lambda: self.bodies.upsert(restored, vec, code))
+    def _delete_counted(self, writer: Writer, memory: Memory) -> str | None:
+        key_ids = writer.key_ids_of(memory.id)
+        writer.unindex(memory.rowid)
+        writer.delete_memory(memory.id)
+        restored = writer.predecessor_of(memory.id)
+        if restored is not None:
+            writer.restore(restored)
+            self.index_memory(writer, restored)
+            blob, namespace = writer.memory_vector(restored)
+            if blob is not None and vector_problem(blob, self.embedder.dim) is None:
+                vec, code = vector_from(blob), self.namespace_code(namespace)
+                writer.after_commit(lambda: self.bodies.upsert(restored, vec, code))
         for kid in key_ids:
-            remaining = conn.execute("SELECT 1 FROM links WHERE key_id = ? LIMIT 1", (kid,)).fetchone()
-            if remaining is None:
-                conn.execute("DELETE FROM keys WHERE id = ?", (kid,))
-                tx.after_commit(functools.partial(self.keys.remove, kid))
+            if not writer.has_links(kid):
+                writer.delete_key(kid)
+                writer.after_commit(functools.partial(self.keys.remove, kid))
             else:
-                tx.after_commit(functools.partial(self.keys.add_links, kid, -1))
+                writer.after_commit(functools.partial(self.keys.add_links, kid, -1))
         memory_id = memory.id
-        tx.after_commit(lambda: self.bodies.remove(memory_id))
+        writer.after_commit(lambda: self.bodies.remove(memory_id))
         return restored
 
     def forget(self, memory_id: object, *, idempotency_key: IdempotencyKey | None = None) -> ForgetResult | Replayed:
         if not isinstance(memory_id, str):
             raise InvalidInput("memory_id must be a string", field="memory_id")
 
-        def write(tx: Tx) -> ForgetResult | Replayed:
-            replay = self._replay(tx.conn, idempotency_key)
+        def write(writer: Writer) -> ForgetResult | Replayed:
+            replay = self._replay(writer, idempotency_key)
             if replay is not None:
                 return replay
-            memory = get_memory(tx.conn, memory_id)
+            memory = writer.memory(memory_id)
             result = ForgetResult(deleted=False)
             if memory is not None:
-                result = ForgetResult(deleted=True, restored=self._delete(tx, memory))
-            self._record(tx.conn, idempotency_key, result)
+                result = ForgetResult(deleted=True, restored=self._delete(writer, memory))
+            self._record(writer, idempotency_key, result)
             return result
 
         return self.store.write(write)
@@ -1343,30 +1230,25 @@ class MemoryGraph:
     def cleanup_expired(self) -> CleanupResult:
         """Delete expired memories, prune never-used learned aliases and stale candidates."""
 
-        def write(tx: Tx) -> CleanupResult:
-            conn, now = tx.conn, self.clock()
-            expired = [memory_from_row(r) for r in conn.execute(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE expires_at IS NOT NULL AND expires_at < ?",
-                (now,))]
-            keys_before = conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0]
+        def write(writer: Writer) -> CleanupResult:
+            now = self.clock()
+            expired = writer.expired_memories(now)
+            keys_before = writer.key_count()
             for memory in expired:
-                if get_memory(conn, memory.id) is not None:
-                    self._delete(tx, memory)
+                if writer.memory(memory.id) is not None:
+                    self._delete(writer, memory)
             cutoff = now - self.settings.autokey_prune_age
-            stale = conn.execute(
-                "SELECT key_id, norm FROM aliases WHERE learned = 1 AND hits = 0 AND added_at <= ?",
-                (cutoff,)).fetchall()
-            conn.executemany("DELETE FROM aliases WHERE key_id = ? AND norm = ?", [tuple(r) for r in stale])
-            for kid in {r[0] for r in stale}:
-                if conn.execute("SELECT 1 FROM keys WHERE id = ?", (kid,)).fetchone():
-                    info = self._key_info(conn, kid)
-                    tx.after_commit(functools.partial(self.keys.put, info))
+            stale = writer.stale_learned_aliases(cutoff)
+            writer.delete_aliases(stale)
+            for kid in {kid for kid, _ in stale}:
+                if writer.key_concept(kid) is not None:
+                    info = writer.key_info(kid)
+                    writer.after_commit(functools.partial(self.keys.put, info))
                     # The pruned alias was indexed with the key's memories: take it out.
-                    self._reindex_keys_of(tx, [r[0] for r in conn.execute(
-                        "SELECT memory_id FROM links WHERE key_id = ?", (kid,))])
-            candidates = conn.execute("DELETE FROM alias_candidates WHERE last_seen <= ?", (cutoff,)).rowcount
-            conn.execute("DELETE FROM idempotency WHERE created_at <= ?", (now - IDEMPOTENCY_TTL_SECONDS,))
-            keys_after = conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0]
+                    self._reindex_keys_of(writer, writer.memories_linked_to([kid]))
+            candidates = writer.prune_alias_candidates(cutoff)
+            writer.prune_idempotency(now - IDEMPOTENCY_TTL_SECONDS)
+            keys_after = writer.key_count()
             return CleanupResult(deleted=len(expired), pruned_aliases=len(stale),
                                  pruned_candidates=candidates, pruned_keys=keys_before - keys_after)
 
@@ -1391,19 +1273,15 @@ class MemoryGraph:
         stamped = self.stamp("confirm_memory", host, source)
         confirmation = host.confirmation_id if host is not None else None
 
-        def write(tx: Tx) -> ConfirmResult:
-            conn, now = tx.conn, self.clock()
-            memory = self.active_memory(conn, memory_id, ns, now)
+        def write(writer: Writer) -> ConfirmResult:
+            now = self.clock()
+            memory = self.active_memory(writer, memory_id, ns, now)
             if confirmation is not None and memory.last_confirmation_id == confirmation:
                 return ConfirmResult(memory.id, confirmed=False, duplicate=True,
                                      validity=self.validity_of(memory))
-            conn.execute(
-                "UPDATE memories SET last_confirmed_at = ?, confirmation_count = confirmation_count + 1, "
-                "depth = MIN(1.0, depth + ?), last_confirmation_evidence = ?, last_confirmation_source = ?, "
-                "last_confirmation_id = ?, updated_at = ? WHERE id = ?",
-                (now, CONFIRM_DEPTH, evidence, json.dumps(stamped, ensure_ascii=False), confirmation, now,
-                 memory.id))
-            fresh = get_memory(conn, memory.id)
+            writer.confirm(memory.id, now=now, depth_step=CONFIRM_DEPTH, evidence=str(evidence), source=stamped,
+                           confirmation_id=confirmation)
+            fresh = writer.memory(memory.id)
             assert fresh is not None
             return ConfirmResult(memory.id, confirmed=True, duplicate=False, validity=self.validity_of(fresh))
 
@@ -1418,32 +1296,19 @@ class MemoryGraph:
         ns = self.resolve_namespace(namespace)
         weak = self.buffer.consume(key_id)
 
-        def write(tx: Tx) -> DismissResult:
-            conn, now = tx.conn, self.clock()
-            memory = get_memory(conn, memory_id)
+        def write(writer: Writer) -> DismissResult:
+            now = self.clock()
+            memory = writer.memory(memory_id)
             if memory is None or memory.expired(now) or (ns is not None and memory.namespace != ns):
                 raise NotFound(f"Memory {memory_id} not found")
-            row = conn.execute("SELECT weight FROM links WHERE key_id = ? AND memory_id = ?",
-                               (key_id, memory_id)).fetchone()
-            if row is None:
+            previous = writer.link_weight(key_id, memory_id)
+            if previous is None:
                 raise NotFound(f"Key {key_id} is not linked to memory {memory_id}")
-            previous = row[0]
-            weight = max(LINK_MIN, previous - DISMISS)
-            conn.execute("UPDATE links SET weight = ? WHERE key_id = ? AND memory_id = ?",
-                         (weight, key_id, memory_id))
-            cleared = None
-            if weak is not None:
-                norm = normalize(weak.query)
-                cand = conn.execute("SELECT count, query_text FROM alias_candidates WHERE key_id = ? AND norm = ?",
-                                    (key_id, norm)).fetchone()
-                if cand is not None:
-                    cleared = cand[1]
-                    if cand[0] <= 1:
-                        conn.execute("DELETE FROM alias_candidates WHERE key_id = ? AND norm = ?", (key_id, norm))
-                    else:
-                        conn.execute("UPDATE alias_candidates SET count = count - 1 WHERE key_id = ? AND norm = ?",
-                                     (key_id, norm))
-            concept = conn.execute("SELECT concept FROM keys WHERE id = ?", (key_id,)).fetchone()[0]
+            weight = dismissed_weight(previous)
+            writer.set_link_weight(key_id, memory_id, weight)
+            cleared = writer.unsee_alias_candidate(key_id, normalize(weak.query)) if weak is not None else None
+            concept = writer.key_concept(key_id)
+            assert concept is not None  # the link exists, so does its key
             floored = weight <= LINK_MIN
             note = ("Link is at its floor -- it ranks last under this key but is never severed; the memory "
                     "stays reachable by its other keys." if floored else
@@ -1468,103 +1333,91 @@ class MemoryGraph:
         weak = self.buffer.consume(via_key_id) if via_key_id and self.settings.autokey else None
         query_vector = self.embedder.embed([weak.query])[0] if weak is not None else None
 
-        def write(tx: Tx) -> None:
-            conn, now = tx.conn, self.clock()
-            memory = self.active_memory(conn, memory_id, ns, now)
+        def write(writer: Writer) -> None:
+            now = self.clock()
+            memory = self.active_memory(writer, memory_id, ns, now)
             if via_key_id is not None:
-                row = conn.execute("SELECT weight FROM links WHERE key_id = ? AND memory_id = ?",
-                                   (via_key_id, memory.id)).fetchone()
-                if row is None:
+                weight = writer.link_weight(via_key_id, memory.id)
+                if weight is None:
                     raise NotFound(f"Key {via_key_id} is not linked to memory {memory.id}")
-                conn.execute("UPDATE links SET weight = ? WHERE key_id = ? AND memory_id = ?",
-                             (clamp_weight(row[0] + REINFORCE), via_key_id, memory.id))
+                writer.set_link_weight(via_key_id, memory.id, reinforced_weight(weight))
                 if weak is not None and query_vector is not None:
-                    self._learn_alias(tx, via_key_id, memory.id, weak.query, weak.score, query_vector)
-            conn.execute("UPDATE memories SET access_count = access_count + 1, last_accessed = ? WHERE id = ?",
-                         (now, memory.id))
+                    self._learn_alias(writer, via_key_id, memory.id, weak.query, weak.score, query_vector)
+            writer.count_access(memory.id, now)
 
         self.store.write(write)
-        return self.store.read(lambda conn: self._read_memory_view(conn, memory_id, via_key_id))
+        return self.store.read(lambda reader: self._read_memory_view(reader, memory_id, via_key_id))
 
-    def _read_memory_view(self, conn: sqlite3.Connection, memory_id: str, via: str | None) -> ReadMemoryResult:
+    def _read_memory_view(self, reader: Reader, memory_id: str, via: str | None) -> ReadMemoryResult:
         now = self.clock()
-        memory = get_memory(conn, memory_id)
+        memory = reader.memory(memory_id)
         assert memory is not None
-        links = conn.execute("SELECT key_id, weight, auto FROM links WHERE memory_id = ? ORDER BY weight DESC",
-                             (memory_id,)).fetchall()
-        counts = self.key_counts([r[0] for r in links], memory.namespace, now)
+        links = reader.links_of(memory_id)
+        counts = self.key_counts([kid for kid, _, _ in links], memory.namespace, now)
         keys: list[LinkedKey] = []
-        for row in links:
-            info = self.keys.get(row[0])
+        for kid, weight, auto in links:
+            info = self.keys.get(kid)
             if info is None:
                 continue
-            view = self.key_view(info, counts.get(info.id), self.learned_aliases(conn, info.id))
+            view = self.key_view(info, counts.get(info.id), reader.learned_aliases(info.id))
             keys.append(LinkedKey(**{f.name: getattr(view, f.name) for f in dataclasses.fields(view)},
-                                  link_weight=round(row[1], 3), traversed_from=row[0] == via,
-                                  auto=True if row[2] else None))
-        return ReadMemoryResult(memory=self.memory_view(conn, memory), keys=keys, via_key_id=via)
+                                  link_weight=round(weight, 3), traversed_from=kid == via,
+                                  auto=True if auto else None))
+        return ReadMemoryResult(memory=self.memory_view(reader, memory), keys=keys, via_key_id=via)
 
     def inspect_memory(self, memory_id: str) -> ReadMemoryResult:
         """``read_memory``'s view without its effects (no access counted, no edge reinforced),
         for a person inspecting the store; superseded and expired memories show too."""
 
-        def read(conn: sqlite3.Connection) -> ReadMemoryResult:
-            if get_memory(conn, memory_id) is None:
+        def read(reader: Reader) -> ReadMemoryResult:
+            if reader.memory(memory_id) is None:
                 raise NotFound(f"Memory {memory_id} not found")
-            return self._read_memory_view(conn, memory_id, None)
+            return self._read_memory_view(reader, memory_id, None)
 
         return self.store.read(read)
 
-    def memory_view(self, conn: sqlite3.Connection, memory: Memory) -> MemoryView:
+    def memory_view(self, reader: Reader, memory: Memory) -> MemoryView:
         return MemoryView(
             id=memory.id, content=memory.content, depth=round(memory.depth, 3), access_count=memory.access_count,
             last_accessed=memory.last_accessed, created_at=memory.created_at, observed_at=memory.observed_at,
             source=memory.source, namespace=memory.namespace, expires_at=memory.expires_at,
             supersedes=memory.supersedes, superseded_by=memory.superseded_by,
-            related_to=self.related_ids(conn, memory.id), validity=self.validity_of(memory))
+            related_to=reader.related_ids(memory.id), validity=self.validity_of(memory))
 
-    def _learn_alias(self, tx: Tx, key_id: str, memory_id: str, query: str, score: float,
+    def _learn_alias(self, writer: Writer, key_id: str, memory_id: str, query: str, score: float,
                      query_vector: npt.NDArray[np.float32]) -> None:
         """Autokey: one more confirmation that ``query`` means this key; promote at N."""
-        conn, now = tx.conn, self.clock()
+        now = self.clock()
         text = query.strip()
         info = self.keys.get(key_id)
-        if info is None or len(text) < 2:
+        if info is None or len(text) < MIN_ALIAS_CHARS:
             return
         norm = normalize(text)
         if norm == normalize(info.concept) or norm in {normalize(a) for a in info.aliases}:
             return
-        conn.execute(
-            "INSERT INTO alias_candidates(key_id, norm, query_text, count, last_seen) VALUES (?, ?, ?, 1, ?) "
-            "ON CONFLICT(key_id, norm) DO UPDATE SET count = count + 1, last_seen = excluded.last_seen, "
-            "query_text = excluded.query_text", (key_id, norm, text, now))
-        count = conn.execute("SELECT count FROM alias_candidates WHERE key_id = ? AND norm = ?",
-                             (key_id, norm)).fetchone()[0]
-        learned = conn.execute("SELECT COUNT(*) FROM aliases WHERE key_id = ? AND learned = 1",
-                               (key_id,)).fetchone()[0]
+        count = writer.see_alias_candidate(key_id, norm, text, now)
+        learned = writer.learned_alias_count(key_id)
         decision = autokey.decide_promotion(count, text, score, learned, self.promotion)
         if decision == "none":
             return
-        conn.execute("DELETE FROM alias_candidates WHERE key_id = ? AND norm = ?", (key_id, norm))
+        writer.drop_alias_candidate(key_id, norm)
         if decision == "alias":
-            if self._add_alias(conn, key_id, text, learned=True):
+            if self._add_alias(writer, key_id, text, learned=True):
                 logger.info("autokey: learned an alias for key %s", key_id)
-                fresh = self._key_info(conn, key_id)
-                tx.after_commit(lambda: self.keys.put(fresh))
-                self._reindex_keys_of(tx, [r[0] for r in conn.execute(
-                    "SELECT memory_id FROM links WHERE key_id = ? LIMIT 5000", (key_id,))])
+                fresh = writer.key_info(key_id)
+                writer.after_commit(lambda: self.keys.put(fresh))
+                self._reindex_keys_of(writer, writer.memories_linked_to([key_id], limit=ALIAS_REINDEX_LIMIT))
         else:
-            with self._counting(tx, [memory_id]):
-                self._link_keys(tx, memory_id, [text], {}, {text: query_vector})
-            self._reindex_keys_of(tx, [memory_id])
+            with self._counting(writer, [memory_id]):
+                self._link_keys(writer, memory_id, [text], {}, {text: query_vector})
+            self._reindex_keys_of(writer, [memory_id])
             logger.info("autokey: promoted a confirmed query to a key on memory %s", memory_id)
 
     def count_alias_hits(self, key_alias_pairs: Iterable[tuple[str, str]]) -> None:
         """A learned alias that matched a query literally earns a hit (kept from pruning)."""
         pairs = [(kid, normalize(alias)) for kid, alias in key_alias_pairs]
         if pairs:
-            self.store.write(lambda tx: tx.conn.executemany(
-                "UPDATE aliases SET hits = hits + 1 WHERE key_id = ? AND norm = ? AND learned = 1", pairs))
+            self.store.write(lambda writer: writer.count_alias_hits(pairs))
 
     # -- reads: keys ----------------------------------------------------------------------
 
@@ -1573,8 +1426,8 @@ class MemoryGraph:
         ns = self.resolve_namespace(namespace)
         now = self.clock()
 
-        def read(conn: sqlite3.Connection) -> BrowseResult:
-            memory_count = self.count_active(conn, ns, now)
+        def read(reader: Reader) -> BrowseResult:
+            memory_count = reader.count_active(ns, now)
             entries = []
             for key_id, n in self.key_counts((k.id for k in self.keys.all()), ns, now).counts.items():
                 info = self.keys.get(key_id)
@@ -1583,7 +1436,7 @@ class MemoryGraph:
                 entries.append((info, n))
             entries.sort(key=lambda e: (e[1] < self.settings.hub_min_links, -e[1], normalize(e[0].concept)))
             page = entries[offset:offset + limit]
-            views = [self.key_view(info, n, self.learned_aliases(conn, info.id)) for info, n in page]
+            views = [self.key_view(info, n, reader.learned_aliases(info.id)) for info, n in page]
             return BrowseResult(
                 status="ok" if memory_count else "empty_namespace", namespace=ns, memory_count=memory_count,
                 key_count=len(entries), keys=views,
@@ -1617,7 +1470,7 @@ class MemoryGraph:
                                          else None, ns, pool=max(100, 3 * (offset + limit)))
         now = self.clock()
 
-        def read(conn: sqlite3.Connection) -> ReadKeyResult:
+        def read(reader: Reader) -> ReadKeyResult:
             info = self.keys.get(kid)
             assert info is not None
             page = ranked[offset:offset + limit]
@@ -1630,8 +1483,8 @@ class MemoryGraph:
                     validity=self.validity_of(memory), link_weight=round(item.weight, 3),
                     content_relevance=None if item.relevance is None else round(item.relevance, 3),
                     score_kind="within_key_rank" if item.relevance is not None else "link_rank",
-                    score=round(item.score, 4), batch_sibling_ids=self.batch_siblings(conn, memory, now)))
-            view = self.key_view(info, total, self.learned_aliases(conn, kid))
+                    score=round(item.score, 4), batch_sibling_ids=self.batch_siblings(reader, memory, now)))
+            view = self.key_view(info, total, reader.learned_aliases(kid))
             return ReadKeyResult(key=view, memories=handles, total=total,
                                  next_offset=offset + limit if offset + limit < total else None)
 
@@ -1645,30 +1498,26 @@ class MemoryGraph:
             raise InvalidInput("memory_id must be a string", field="memory_id")
         now = self.clock()
 
-        def read(conn: sqlite3.Connection) -> list[RelatedItem]:
-            memory = get_memory(conn, memory_id)
+        def read(reader: Reader) -> list[RelatedItem]:
+            memory = reader.memory(memory_id)
             if memory is None:
                 return []
             scores: dict[str, float] = {}
             shared: dict[str, list[str]] = {}
             kinds: dict[str, set[str]] = {}
-            for (key_id,) in conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory_id,)):
+            for key_id in reader.key_ids_of(memory_id):
                 info = self.keys.get(key_id)
                 if info is None:
                     continue
                 weight = self.idf(key_id)
-                for (other,) in conn.execute(
-                        "SELECT memory_id FROM links WHERE key_id = ? AND memory_id != ? LIMIT 2000",
-                        (key_id, memory_id)):
+                for other in reader.co_members(key_id, memory_id, RELATED_PER_KEY):
                     scores[other] = scores.get(other, 0.0) + weight
                     shared.setdefault(other, []).append(info.concept)
                     kinds.setdefault(other, set()).add("key")
-            for sql in ("SELECT to_id FROM relations WHERE from_id = ?",
-                        "SELECT from_id FROM relations WHERE to_id = ?"):
-                for (other,) in conn.execute(sql, (memory_id,)):
-                    scores[other] = scores.get(other, 0.0) + 1.0
-                    kinds.setdefault(other, set()).add("explicit")
-            found = get_memories(conn, scores)
+            for other in reader.explicit_neighbours(memory_id):
+                scores[other] = scores.get(other, 0.0) + EXPLICIT_RELATION_SCORE
+                kinds.setdefault(other, set()).add("explicit")
+            found = reader.memories(scores)
             items = []
             for other, score in scores.items():
                 m = found.get(other)
@@ -1689,24 +1538,16 @@ class MemoryGraph:
         ns = self.resolve_namespace(namespace)
         now = self.clock()
 
-        def read(conn: sqlite3.Connection) -> ListResult:
-            where, params = f"WHERE {ACTIVE}", [now]
-            if ns is not None:
-                where += " AND m.namespace = ?"
-                params.append(ns)  # type: ignore[arg-type]
-            total = conn.execute(f"SELECT COUNT(*) FROM memories m {where}", params).fetchone()[0]
-            rows = conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories m {where} ORDER BY m.rowid "
-                                f"LIMIT ? OFFSET ?", [*params, limit, offset]).fetchall()
+        def read(reader: Reader) -> ListResult:
+            total, page = reader.active_page(ns, now, limit, offset)
             out = []
-            for row in rows:
-                m = memory_from_row(row)
-                concepts = [self.concept(r[0]) for r in conn.execute(
-                    "SELECT key_id FROM links WHERE memory_id = ? AND auto = 0", (m.id,))]
+            for m in page:
+                concepts = [self.concept(kid) for kid in reader.key_ids_of(m.id, manual_only=True)]
                 out.append(ListedMemory(
                     id=m.id, content=m.content, keys=concepts, depth=round(m.depth, 3),
                     access_count=m.access_count, supersedes=m.supersedes, created_at=m.created_at,
                     observed_at=m.observed_at, namespace=m.namespace, expires_at=m.expires_at,
-                    related_to=self.related_ids(conn, m.id), validity=self.validity_of(m)))
+                    related_to=reader.related_ids(m.id), validity=self.validity_of(m)))
             return ListResult(memories=out, total=total,
                               next_offset=offset + limit if offset + limit < total else None)
 
@@ -1715,26 +1556,14 @@ class MemoryGraph:
     def stats(self) -> Stats:
         now = self.clock()
 
-        def read(conn: sqlite3.Connection) -> Stats:
-            namespaces = dict(conn.execute(
-                f"SELECT m.namespace, COUNT(*) FROM memories m WHERE {ACTIVE} GROUP BY m.namespace",
-                (now,)).fetchall())
-            return Stats(
-                keys=conn.execute("SELECT COUNT(*) FROM keys").fetchone()[0],
-                memories=sum(namespaces.values()),
-                links=conn.execute("SELECT COUNT(*) FROM links").fetchone()[0],
-                namespaces=namespaces,
-                superseded=conn.execute("SELECT COUNT(*) FROM memories WHERE superseded_by IS NOT NULL")
-                .fetchone()[0],
-                expired_pending_cleanup=conn.execute(
-                    "SELECT COUNT(*) FROM memories WHERE expires_at IS NOT NULL AND expires_at < ?",
-                    (now,)).fetchone()[0],
-            )
+        def read(reader: Reader) -> Stats:
+            counts = reader.counts(now)
+            return Stats(keys=counts.keys, memories=sum(counts.namespaces.values()), links=counts.links,
+                         namespaces=counts.namespaces, superseded=counts.superseded,
+                         expired_pending_cleanup=counts.expired)
 
         return self.store.read(read)
 
     def has_hangul_content(self) -> bool:
         """Whether the store holds Korean text (the daemon then loads Kiwi at start)."""
-        row = self.store.read(lambda c: c.execute(
-            "SELECT 1 FROM keys WHERE concept GLOB '*[가-힣]*' LIMIT 1").fetchone())
-        return row is not None
+        return bool(self.store.read(lambda reader: reader.has_hangul_keys()))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from keymem_daemon.engine import limits
 from keymem_daemon.engine.dates import Window, find_window
 from keymem_daemon.engine.records import (
     CompactKey,
@@ -288,7 +289,7 @@ def plan_query(graph: MemoryGraph, text: str) -> QueryPlan:
     # memory is meant; the dense channel embeds the rest.
     focus = [w.surface for w in content if df.get(w.stem, 0) < COMMON_SHARE * max(1, total)]
     focus_text = " ".join(focus or [w.surface for w in content]) or text
-    vectors = graph.embedder.embed([text[:2000], focus_text[:2000], *terms])
+    vectors = graph.embedder.embed([text[:limits.EMBED_MAX_CHARS], focus_text[:limits.EMBED_MAX_CHARS], *terms])
     by_term = dict(zip(terms, vectors[2:], strict=True))
     token_vectors: dict[str, npt.NDArray[np.float32]] = {}
     for w in content:
@@ -576,7 +577,7 @@ class KeyCandidate:
     similarity: float = 0.0
 
 
-def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k: int = 8,
+def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k: int = limits.RECALL_TOP_K.default,
            context: object = None, explain: bool = False, max_chars: int = 2000,
            host: Host | None = None) -> RecallResult:
     """Ranked key clusters for the query, and the best memory under the best key."""
@@ -585,11 +586,11 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     if context is not None and not isinstance(context, str):
         context = None
     ns = graph.resolve_namespace(namespace)
-    top_k = min(20, max(1, top_k))
-    query = query.strip()[:2000]
+    top_k = limits.RECALL_TOP_K.clamp(top_k)
+    query = query.strip()[:limits.MAX_RECALL_QUERY_CHARS]
     plan = plan_query(graph, query)
     cue_text = context.strip() if isinstance(context, str) and context.strip() else query
-    cue = plan if cue_text == query else plan_query(graph, cue_text[:4000])
+    cue = plan if cue_text == query else plan_query(graph, cue_text[:limits.MAX_QUERY_CHARS])
     now = graph.clock()
     scores = score_keys(graph, plan)
     candidates, weak, near = _key_candidates(graph, plan, cue, scores, ns, now)
@@ -781,7 +782,7 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
         return connected, graph.batch_siblings(conn, memory, now)
 
     connected, siblings = graph.store.read(read)
-    content, cut = truncate(memory.content, max(256, min(20000, max_chars)))
+    content, cut = truncate(memory.content, limits.INJECT_MAX_CHARS.clamp(max_chars))
     auto_confirmed = None
     validity = graph.validity_of(memory)
     if graph.settings.auto_confirm and isinstance(context, str) and context.strip() \
@@ -987,10 +988,10 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     ``rerank_budget_ms`` (default: the tools' budget; the push path passes its own)."""
     now = graph.clock()
     plan = plan or plan_query(graph, query)
-    cue = plan if not context or context == query else plan_query(graph, context[:4000])
+    cue = plan if not context or context == query else plan_query(graph, context[:limits.MAX_QUERY_CHARS])
     scores = score_keys(graph, plan)
     keys = matched_keys(graph, scores, KEY_PATH_KEYS)
-    hops = min(5, max(1, hops))
+    hops = limits.HOPS.clamp(hops)
 
     def read(conn: sqlite3.Connection) -> tuple[dict[str, Candidate], dict[str, Memory],
                                                  dict[str, dict[str, tuple[float, bool]]]]:
@@ -1099,7 +1100,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
         return HybridResult([], [k for k, _, _ in keys], False)
     ranked = sorted(cands.values(), key=lambda c: -c.score)
     if min_rel_score > 0 and ranked:
-        floor = ranked[0].score * min(0.9, min_rel_score)
+        floor = ranked[0].score * min(limits.MIN_REL_SCORE.high, min_rel_score)
         ranked = [c for c in ranked if c.score >= floor]
     if min_depth > 0:
         ranked = [c for c in ranked if found[c.memory_id].depth >= min_depth]

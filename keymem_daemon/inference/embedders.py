@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from keymem_daemon.engine.limits import EMBED_MAX_CHARS
 from keymem_daemon.errors import ModelError
 from keymem_daemon.inference.download import (
     DownloadProgress,
@@ -243,14 +244,6 @@ class UseEmbedder:
             return False
         return all(piece in _USE_BLANK_PIECES for piece in self._tokenizer.encode(text, out_type=str))
 
-
-# What an embedder is given of one text. Its cost grows with the text (USE: 0.36 s for 19,000
-# characters of prose, 1.4 s for 19,000 unbroken letters, on an idle core; a 20-item batch of
-# those took 74 s on a loaded machine while every other write waited for the embedder), and
-# a long text's vector is a blur of it all anyway: a 20,000-character memory is found by its
-# keys and words, its vector only needs its gist. 2,000 characters are 300-400 words of prose
-# (bge-m3 reads at most 512 tokens of it anyway) and take under 0.15 s however they are made.
-EMBED_MAX_CHARS: Final = 2000
 
 
 class CachedEmbedder:

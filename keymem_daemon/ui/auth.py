@@ -7,7 +7,7 @@ CSRF token the page sends with every state-changing request. Both live in memory
 restarted daemon has no sessions, and ``keymemd ui`` logs in again.
 
 The cookie authorises ``/ui`` routes and nothing else: the token API's guard never reads
-cookies (``api._Guard``).
+cookies (``http.guard.Guard``).
 """
 
 from __future__ import annotations

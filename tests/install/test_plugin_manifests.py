@@ -23,7 +23,7 @@ import jsonschema
 import pytest
 from installsim import ROOT, load_json, plugin_version
 
-from keymem_daemon import tools
+from keymem_daemon.mcp import tools
 
 KEBAB: Final = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 REL_PATH: Final = r"^\./(?!.*(^|/)\.\.(/|$)).+"

@@ -551,9 +551,11 @@ async def test_a_daemon_that_failed_to_load_is_reported_at_once(tmp_path: Path, 
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     (data_dir / "keymem.db").write_bytes(b"this is not a SQLite database" * 100)
+    # "At once": within a daemon start's budget, far short of the start timeout it is given.
+    env = shim_env(tmp_path, KEYMEM_START_TIMEOUT=str(READY_TIMEOUT * 10))
     with anyio.fail_after(DEADLINE):
-        async with run_shim(shim_env(tmp_path), tmp_path / "shim.err") as shim:
-            with anyio.fail_after(15):
+        async with run_shim(env, tmp_path / "shim.err") as shim:
+            with anyio.fail_after(READY_TIMEOUT):
                 result, is_error = await shim.call("recall", query="anything")
     assert is_error and "file is not a database" in result["error"], result
     assert str(data_dir / "logs" / "daemon.log") in result["error"]

@@ -16,7 +16,7 @@ from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.records import render
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.inference.embedders import Embedder
-from keymem_daemon.tools import Context, Outcome, call_tool
+from keymem_daemon.mcp.tools import Context, Outcome, call_tool
 
 DAY = 86400.0
 # 2023-11-14T22:13:20Z: a fixed "now" so date windows and ages are reproducible.

@@ -12,7 +12,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from test_api_routes import client_for, settings_for
 
-from keymem_daemon.api import create_app
+from keymem_daemon.http.app import create_app
 from keymem_daemon.service import Service
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,7 +118,7 @@ def test_an_unexpected_exception_is_a_logged_500(
         raise RuntimeError("the disk caught fire")
 
     service.stats = broken  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="keymem_daemon.api"):
+    with caplog.at_level(logging.ERROR, logger="keymem_daemon.http.app"):
         response = client.get("/v1/stats")
     _assert_error(response, 500, "internal")
     assert "the disk caught fire" not in response.text, "internals leaked into the response"

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from keymem_daemon import __version__
-from keymem_daemon.api import create_app
 from keymem_daemon.config import Settings
+from keymem_daemon.http.app import create_app
 from keymem_daemon.service import Service
 
 pytestmark = pytest.mark.timeout(60)
@@ -262,7 +262,7 @@ def test_shutdown_calls_the_daemon_hook_before_answering(loaded: tuple[Service, 
 
 
 def test_authenticated_requests_count_as_activity(loaded: tuple[Service, Settings]) -> None:
-    from keymem_daemon.api import Activity
+    from keymem_daemon.http.guard import Activity
 
     now = [100.0]
     activity = Activity(clock=lambda: now[0])

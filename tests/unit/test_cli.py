@@ -32,7 +32,7 @@ HEAVY = (
     "apscheduler",
     "keymem_daemon.engine",
     "keymem_daemon.service",
-    "keymem_daemon.api",
+    "keymem_daemon.http.app",
 )
 
 

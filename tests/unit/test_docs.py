@@ -47,8 +47,8 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
 def test_every_route_of_the_design_exists() -> None:
     from fastapi import FastAPI
 
-    from keymem_daemon.api import create_app
     from keymem_daemon.config import Settings
+    from keymem_daemon.http.app import create_app
     from keymem_daemon.service import Service
 
     design = (ROOT.parent / "shared" / "DESIGN.md")

@@ -11,7 +11,7 @@ from engine_helpers import Tools, key_id, remember, state
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.errors import NotFound, Refused
-from keymem_daemon.tools import Context, call_tool
+from keymem_daemon.mcp.tools import Context, call_tool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -270,8 +270,8 @@ def test_a_batch_with_a_bad_item_leaves_the_others_saved_and_names_the_bad_item(
 def test_issue_19_every_numeric_argument_has_its_range_in_the_schema_the_handler_reads() -> None:
     """The tool layer clamps numbers into the schema's own range, so every numeric property
     carries one: an open-ended offset once let 1e300 reach SQLite as an integer."""
-    from keymem_daemon.engine.graph import MAX_TTL_SECONDS
-    from keymem_daemon.tools import TOOLS
+    from keymem_daemon.engine.limits import MAX_TTL_SECONDS
+    from keymem_daemon.mcp.tools import TOOLS
 
     for tool in TOOLS:
         for name, schema in tool.properties.items():

@@ -15,7 +15,7 @@ from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.inference.embedders import Embedder
-from keymem_daemon.tools import Context, call_tool
+from keymem_daemon.mcp.tools import Context, call_tool
 
 pytestmark = pytest.mark.timeout(60)
 

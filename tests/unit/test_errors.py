@@ -10,8 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from test_api_routes import client_for, settings_for
 
-from keymem_daemon import api, errors
+from keymem_daemon import errors
 from keymem_daemon.errors import KeymemError
+from keymem_daemon.http import app as api
 from keymem_daemon.service import Service
 
 pytestmark = pytest.mark.timeout(60)

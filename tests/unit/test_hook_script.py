@@ -211,6 +211,19 @@ def test_the_hook_keeps_host_session_identity_from_the_daemon() -> None:
     assert hook.HOST_SESSION_VARS == runtime.HOST_SESSION_VARS
 
 
+def test_the_hooks_copy_of_finding_and_starting_the_daemon_keeps_runtimes_constants(tmp_path: Path) -> None:
+    """The hook is stdlib-only and copies runtime's start-up; these are the lines it copies."""
+    assert hook.INFO_FILE == runtime.INFO_FILE
+    assert hook.NONCE_BYTES == runtime.NONCE_BYTES
+    assert hook.PROOF_VERSION == runtime.PROOF_VERSION
+    environ = {"HOME": str(tmp_path), "KEYMEM_DATA_DIR": str(tmp_path / "data")}
+    settings = Settings.from_env(environ)
+    assert Path(hook.data_dir(environ), "logs", "daemon.log") == settings.log_path
+    assert {k: v for k, v in {**environ, "CODEX_THREAD_ID": "t"}.items() if k not in hook.HOST_SESSION_VARS} == (
+        runtime.daemon_environment({**environ, "CODEX_THREAD_ID": "t"})
+    )
+
+
 def test_the_private_venv_is_the_one_the_plugin_bootstrap_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 

@@ -14,7 +14,8 @@ import pytest
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
-from keymem_daemon.inference.embedders import EMBED_MAX_CHARS, CachedEmbedder, Embedder, UseEmbedder
+from keymem_daemon.engine.limits import EMBED_MAX_CHARS
+from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 
 pytestmark = pytest.mark.timeout(120)
 

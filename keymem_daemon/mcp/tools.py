@@ -19,14 +19,14 @@ from typing import Any, Final
 
 from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval
-from keymem_daemon.engine.graph import MAX_TTL_SECONDS, Host, MemoryGraph
+from keymem_daemon.engine import limits, retrieval
+from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.limits import MAX_REMEMBER_BATCH, MAX_TTL_SECONDS
 from keymem_daemon.engine.records import IdempotencyKey, NewMemory, Replayed, render
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH: Final = 100
 # Unknown argument names an error lists, and the characters shown of each: 10,000 names (or
 # one huge one) made an 88 KB message.
 MAX_NAMES_SHOWN: Final = 5
@@ -97,6 +97,10 @@ class Args:
 
     def has(self, name: str) -> bool:
         return self._raw.get(name) is not None
+
+    def given(self, name: str) -> bool:
+        """Whether the call names the argument at all (``null`` included: it clears a value)."""
+        return name in self._raw
 
     def text(self, name: str, *, default: str | None = None) -> str | None:
         value = self._raw.get(name)
@@ -188,8 +192,6 @@ _OBSERVED = {"type": "string",
              "description": "When the fact was observed (ISO-8601 date or date-time), if not now."}
 _MEMORY_ID = {"type": "string", "description": "12-character memory id."}
 _KEY_ID = {"type": "string", "description": "12-character key id (from recall, browse_keys or read_memory)."}
-_OFFSET = {"type": "integer", "minimum": 0, "maximum": 1_000_000, "default": 0}
-_MAX_TURN: Final = 10_000_000
 
 
 def _new_memory(ctx: Context, item: Mapping[str, Any], *, require_keys: bool = True) -> NewMemory:
@@ -253,8 +255,8 @@ def _remember_batch(ctx: Context, args: Args) -> Any:
     items = args.array("items")
     if not items:
         raise InvalidInput("items must be a non-empty array of {content, keys, ...}", field="items")
-    if len(items) > MAX_BATCH:
-        raise InvalidInput(f"items has {len(items)} entries; send at most {MAX_BATCH} per call", field="items")
+    if len(items) > MAX_REMEMBER_BATCH:
+        raise InvalidInput(f"items has {len(items)} entries; send at most {MAX_REMEMBER_BATCH} per call", field="items")
     prepared: list[NewMemory | InvalidInput] = []
     allowed = set(_WRITE_FIELDS)
     for index, item in enumerate(items):
@@ -275,7 +277,7 @@ def _correct(ctx: Context, args: Args) -> Any:
     request = _new_memory(ctx, _raw_fields(args, _WRITE_FIELDS), require_keys=False)
     return ctx.graph.correct(
         args.raw("memory_id"), request, keys_given=args.has("keys"), related_given=args.has("related_to"),
-        ttl_given="ttl_seconds" in args._raw, decay_given=args.has("decay_profile"), host=ctx.host,
+        ttl_given=args.given("ttl_seconds"), decay_given=args.has("decay_profile"), host=ctx.host,
         idempotency_key=ctx.idempotency_key)
 
 
@@ -309,8 +311,8 @@ def _recall_memories(ctx: Context, args: Args) -> Any:
         raise InvalidInput("query must be a non-empty string", field="query")
     namespace = ctx.graph.resolve_namespace(args.raw("namespace"))
     result = retrieval.hybrid_recall(
-        ctx.graph, query.strip()[:4000], scope=retrieval.scope_of(namespace), top_k=args.integer("top_k"),
-        hops=args.integer("hops"), min_rel_score=args.number("min_rel_score"),
+        ctx.graph, query.strip()[:limits.MAX_QUERY_CHARS], scope=retrieval.scope_of(namespace),
+        top_k=args.integer("top_k"), hops=args.integer("hops"), min_rel_score=args.number("min_rel_score"),
         min_depth=args.number("min_depth"), reinforce=args.boolean("reinforce", True),
         context=args.text("context"))
     return result.hits
@@ -346,17 +348,17 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "read_memory(memory_id, via_key_id). Decompose multi-fact questions into several recalls. On "
          "{status:'no_match'} retry with a nearest_keys concept or browse_keys(namespace).",
          {"query": {"type": "string", "description": "Short noun keywords (e.g. '배포 일정', 'editor preference')."},
-          "top_k": {"type": "integer", "minimum": 1, "maximum": 20, "default": 8},
+          "top_k": limits.RECALL_TOP_K.schema(),
           "namespace": _NS,
           "context": {"type": "string", "description": "The raw user utterance; sharpens which memory is shown."},
           "explain": {"type": "boolean", "description": "Also report the namespace's memory count."},
-          "max_chars": {"type": "integer", "minimum": 256, "maximum": 20000, "default": 2000}},
+          "max_chars": {**limits.INJECT_MAX_CHARS.schema(), "default": Settings().inject_max_chars}},
          ("query",), _recall),
     Tool("browse_keys",
          "Browse the key vocabulary of one namespace when recall has no hit or you need an entry point: active "
          "key clusters, hubs first, then by memory count. Index metadata only; continue with read_key.",
          {"namespace": _NS, "hubs_only": {"type": "boolean"},
-          "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}, "offset": _OFFSET},
+          "limit": limits.BROWSE_LIMIT.schema(), "offset": limits.OFFSET.schema()},
          (), _browse_keys),
     Tool("read_key",
          "List the memories stored under one key as ranked handles (ids, depth, validity, link weight, "
@@ -364,7 +366,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "content relevance, which matters for hubs. Then read_memory(memory_id, via_key_id=key_id). "
          "Page with limit/offset.",
          {"key_id": _KEY_ID, "query": {"type": "string"}, "namespace": _NS,
-          "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10}, "offset": _OFFSET},
+          "limit": limits.READ_KEY_LIMIT.schema(), "offset": limits.OFFSET.schema()},
          ("key_id",), _read_key),
     Tool("read_memory",
          "Read one memory in full, with every key it is linked to, so exploration can continue Key -> Memory -> "
@@ -416,7 +418,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "Save several durable facts revealed in one turn, in one call. Each item takes the same fields as "
          "remember. Items are checked one by one: a malformed item is reported in its own result and not "
          "stored, the others are saved together.",
-         {"items": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": {
+         {"items": {"type": "array", "minItems": 1, "maxItems": MAX_REMEMBER_BATCH, "items": {
              "type": "object", "required": ["content", "keys"],
              "properties": {"content": {"type": "string"}, "keys": _KEYS, "key_types": _KEY_TYPES, "namespace": _NS,
                             "ttl_seconds": _TTL, "decay_profile": _DECAY, "related_to": _RELATED,
@@ -427,8 +429,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "Memories associated with one memory: through shared keys (rarer keys count more) and explicit links.",
          {"memory_id": _MEMORY_ID}, ("memory_id",), _related, "full"),
     Tool("list_memories", "List active memories, oldest first, optionally in one namespace.",
-         {"namespace": _NS, "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-          "offset": {**_OFFSET, "maximum": 10_000_000}}, (), _list_memories, "full"),
+         {"namespace": _NS, "limit": limits.LIST_LIMIT.schema(), "offset": limits.LIST_OFFSET.schema()},
+         (), _list_memories, "full"),
     Tool("memory_stats", "Counts of keys, memories and links, per namespace.", {}, (), _memory_stats, "full"),
     Tool("cleanup_expired", "Delete expired memories now (the daemon also does it every hour).", {}, (),
          _cleanup_expired, "full"),
@@ -436,24 +438,22 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "Direct hybrid recall: memory contents ranked by how much of the query they cover (in their text or "
          "through their keys) and by meaning, weighted by depth and freshness, expanded along narrow keys for "
          "`hops`. Reinforces what it returns.",
-         {"query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
-          "namespace": _NS, "hops": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
-          "min_rel_score": {"type": "number", "minimum": 0, "maximum": 0.9, "default": 0},
-          "min_depth": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
+         {"query": {"type": "string"}, "top_k": limits.HYBRID_TOP_K.schema(),
+          "namespace": _NS, "hops": limits.HOPS.schema(),
+          "min_rel_score": limits.MIN_REL_SCORE.schema(), "min_depth": limits.MIN_DEPTH.schema(),
           "reinforce": {"type": "boolean", "default": True}, "context": {"type": "string"}},
          ("query",), _recall_memories, "full"),
     Tool("list_sessions", "This host's own recent sessions (Claude Code / Codex transcripts), newest first.",
          {"agent": {"enum": ["claude", "codex"]},
-          "limit": {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}},
+          "limit": limits.SESSIONS_LIMIT.schema()},
          (), _list_sessions, "trusted"),
     Tool("get_conversation",
          "The turns of one host session (UUID), a page at a time: `limit` turns from `from_turn` on, or a "
          "window of turns around `turn` (e.g. a memory's host_turn). A page carries at most "
          f"{transcripts.PAGE_BYTES // 1024} KB of text; `next_from_turn` says where the next page starts.",
          {"session_id": {"type": "string"}, "agent": {"enum": ["claude", "codex"]},
-          "turn": {"type": "integer", "minimum": 0, "maximum": _MAX_TURN},
-          "from_turn": {"type": "integer", "minimum": 0, "maximum": _MAX_TURN, "default": 0},
-          "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": transcripts.PAGE_TURNS}},
+          "turn": limits.TURN.schema(), "from_turn": {**limits.TURN.schema(), "default": 0},
+          "limit": {**limits.TURNS_LIMIT.schema(), "default": transcripts.PAGE_TURNS}},
          ("session_id",), _get_conversation, "trusted"),
 )
 TOOLS_BY_NAME: Final = {t.name: t for t in TOOLS}

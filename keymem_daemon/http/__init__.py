@@ -1,0 +1,1 @@
+"""The daemon's HTTP edge: ``app.create_app`` builds it (see its docstring for the layout)."""
