@@ -103,7 +103,9 @@ class PgKeyRows:
         return texts
 
     def key_ids_of(self, memory_id: str, *, manual_only: bool = False) -> list[str]:
-        sql = "SELECT key_id FROM links WHERE memory_id = %s" + (" AND auto = 0" if manual_only else "")
+        # Ordered as SQLite's indexes hand the rows out (here and in the link reads below).
+        sql = "SELECT key_id FROM links WHERE memory_id = %s" + (" AND auto = 0" if manual_only else "") + \
+            " ORDER BY key_id"
         return [r[0] for r in self._rows(sql, (memory_id,))]
 
     def links_of(self, memory_id: str) -> list[tuple[str, float, bool]]:
@@ -119,14 +121,15 @@ class PgKeyRows:
 
     def memories_linked_to(self, key_ids: Sequence[str], *, limit: int | None = None) -> list[str]:
         if limit is not None and len(key_ids) == 1:
-            return [r[0] for r in self._rows("SELECT memory_id FROM links WHERE key_id = %s LIMIT %s",
-                                             (key_ids[0], limit))]
+            return [r[0] for r in self._rows(
+                "SELECT memory_id FROM links WHERE key_id = %s ORDER BY memory_id LIMIT %s", (key_ids[0], limit))]
         return [r[0] for r in self._rows("SELECT DISTINCT memory_id FROM links WHERE key_id = ANY(%s)",
                                          (list(key_ids),))]
 
     def co_members(self, key_id: str, memory_id: str, limit: int) -> list[str]:
         return [r[0] for r in self._rows(
-            "SELECT memory_id FROM links WHERE key_id = %s AND memory_id != %s LIMIT %s", (key_id, memory_id, limit))]
+            "SELECT memory_id FROM links WHERE key_id = %s AND memory_id != %s ORDER BY memory_id LIMIT %s",
+            (key_id, memory_id, limit))]
 
     def link_counts(self) -> dict[str, int]:
         return {r[0]: int(r[1]) for r in self._rows("SELECT key_id, COUNT(*) FROM links GROUP BY key_id")}

@@ -75,7 +75,9 @@ class PgMemoryRows:
                                  (memory_id,)).fetchone()
         if row is None or row[2] is not None:
             return None
-        keys = tuple(r[0] for r in self._conn.execute("SELECT key_id FROM links WHERE memory_id = %s", (memory_id,)))
+        # In key order, as SQLite's index on links(memory_id, key_id) hands them out.
+        keys = tuple(r[0] for r in self._conn.execute(
+            "SELECT key_id FROM links WHERE memory_id = %s ORDER BY key_id", (memory_id,)))
         return MemberState(row[0], keys, row[1])
 
     def count_active(self, namespace: str | None, now: float) -> int:
