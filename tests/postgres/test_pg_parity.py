@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from keymem_daemon.engine.ports import KeyRow, MemoryRow
+from keymem_daemon.engine.ports import ActivityRow, KeyRow, MemoryFilter, MemoryRow
 from keymem_daemon.store.postgres.repository import PostgresRepository
 from keymem_daemon.store.sqlite.database import Store
 
@@ -21,8 +21,11 @@ NOW = 1_000.0
 
 def _memory(memory_id: str, namespace: str, content: str, *, expires_at: float | None = None,
             batch: str | None = None) -> MemoryRow:
-    source: dict[str, Any] = {"agent": "test"} | ({"batch_id": batch} if batch else {})
-    return MemoryRow(id=memory_id, content=content, dedup_hash=f"h-{content}", namespace=namespace, at=100.0,
+    source: dict[str, Any] = {"host_agent": "claude" if memory_id != "m4" else "codex"} | (
+        {"batch_id": batch} if batch else {})
+    # Each its own instant: newest-first listings have no ties to order.
+    at = 100.0 + 10 * int(memory_id[1:])
+    return MemoryRow(id=memory_id, content=content, dedup_hash=f"h-{content}", namespace=namespace, at=at,
                      observed_at=50.0 if memory_id == "m2" else None, decay_profile="standard", source=source,
                      expires_at=expires_at, vector=bytes([len(memory_id)]) * 8)
 
@@ -75,6 +78,9 @@ def _script(w: Any) -> None:
     w.set_key_compact("k-seoul", "서울시")
     w.set_alias_compact("k-deploy", "release", "rel")
     w.set_key_type("k-friday", "name")
+    w.add_activity([ActivityRow(at=float(i), kind="remember" if i % 2 else "inject", memory_id="m2" if i % 3 else None,
+                                summary=f"entry {i}", detail_json=f'{{"i": {i}}}') for i in range(1, 8)], keep=5)
+    w.prune_activity(before=3.5)
 
 
 def _observe(r: Any) -> dict[str, Any]:
@@ -115,6 +121,18 @@ def _observe(r: Any) -> dict[str, Any]:
         "co_members": r.co_members("k-deploy", "m1", 10), "link_counts": r.link_counts(),
         "unexpiring": sorted(r.unexpiring_counts()),
         "loanword": sorted((c, sorted(ks)) for c, ks in r.loanword_evidence("k-deploy", 10)),
+        "newest": [[m.id for m in r.newest_memories(f, now=NOW, limit=10)] for f in (
+            MemoryFilter(), MemoryFilter(namespace="proj"), MemoryFilter(key_id="k-deploy"),
+            MemoryFilter(agent="claude"), MemoryFilter(decay_profile="stable"),
+            MemoryFilter(since=115.0, until=125.0))],
+        "strongest_links": (r.strongest_links(["m1", "m2"]), r.strongest_links(["m1", "m2"], per_memory=1)),
+        "aliases_of": r.aliases_of("k-deploy"),
+        # Sorted: SQLite's sorter leaves the order of equal counts undefined.
+        "co_occurring": sorted(r.co_occurring_keys("k-deploy", sample=10, limit=5)),
+        "strongest_members": [m.id for m in r.strongest_members("k-deploy", now=NOW, limit=5)],
+        "activity": [(e.at, e.kind, e.memory_id, e.summary, e.detail) for e in r.activity_entries(limit=10)]
+                    + [(e.summary,) for e in r.activity_entries(kind="remember", memory_id="m2", limit=10)],
+        "latest_activity": len(r.activity_entries(limit=100)) and r.latest_activity_id() > 0,
     }
 
 
@@ -150,5 +168,8 @@ def test_every_memory_and_key_operation_answers_as_on_sqlite(sqlite_store: Store
     finally:
         postgres.close()
     assert {k: v for k, v in got.items() if v != expected[k]} == {}
+    # Not vacuous: the script left something for each kind of read to find.
+    assert all(got["newest"][i] for i in (0, 1, 2, 3, 5)) and got["activity"] and got["co_occurring"]
+    assert got["df"] and got["holding"] and got["stored"] and got["loanword"] and got["expired"]
     assert got_pruned == expected_pruned
     assert {k: v for k, v in got_after.items() if v != expected_after[k]} == {}

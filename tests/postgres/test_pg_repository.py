@@ -14,7 +14,16 @@ from pg_cluster import PgCluster
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from keymem_daemon.engine.ports import KeyReads, KeyRow, KeyWrites, MemoryReads, MemoryRow, MemoryWrites
+from keymem_daemon.engine.ports import (
+    InspectReads,
+    InspectWrites,
+    KeyReads,
+    KeyRow,
+    KeyWrites,
+    MemoryReads,
+    MemoryRow,
+    MemoryWrites,
+)
 from keymem_daemon.errors import Refused
 from keymem_daemon.store.postgres.repository import PgReader, PgWriter, PostgresRepository
 
@@ -22,9 +31,10 @@ RACE_TIMEOUT = 60.0
 """Seconds two threads may take to meet at a barrier on a loaded machine (milliseconds)."""
 
 
-def _ports(reader: PgReader, writer: PgWriter) -> tuple[MemoryReads, KeyReads, MemoryWrites, KeyWrites]:
+def _ports(reader: PgReader, writer: PgWriter
+           ) -> tuple[MemoryReads, KeyReads, InspectReads, MemoryWrites, KeyWrites, InspectWrites]:
     # mypy checks here that the PostgreSQL reader and writer implement these ports.
-    return reader, reader, writer, writer
+    return reader, reader, reader, writer, writer, writer
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from keymem_daemon.engine.ports import MemoryRow, StoreCounts
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.store.sqlite.memories import memory_from_row
 
-_MEMORY_COLUMNS: Final = (
+MEMORY_COLUMNS: Final = (
     "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
     "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
     "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
@@ -28,7 +28,7 @@ ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_
 _LEXEME_QUERY: Final = "('''' || replace(replace(t, '\\', '\\\\'), '''', '''''') || '''')::tsquery"
 
 
-def _memory(row: Mapping[str, Any]) -> Memory:
+def memory_of_row(row: Mapping[str, Any]) -> Memory:
     # memory_from_row reads columns by name; a dict row has the same names.
     return memory_from_row(cast(sqlite3.Row, row))
 
@@ -39,19 +39,19 @@ class PgMemoryRows:
     _conn: psycopg.Connection[Any]
 
     def _memories(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Memory]:
-        return [_memory(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(), params)]
+        return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(), params)]
 
     def _value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         row = self._conn.execute(sql.encode(), params).fetchone()
         return None if row is None else row[0]
 
     def memory(self, memory_id: str) -> Memory | None:
-        found = self._memories(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = %s", (memory_id,))
+        found = self._memories(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = %s", (memory_id,))
         return found[0] if found else None
 
     def memories(self, ids: Iterable[str]) -> dict[str, Memory]:
         wanted = list(dict.fromkeys(ids))
-        return {m.id: m for m in self._memories(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ANY(%s)",
+        return {m.id: m for m in self._memories(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY(%s)",
                                                 (wanted,))}
 
     def memory_content(self, memory_id: str) -> str | None:
@@ -87,12 +87,12 @@ class PgMemoryRows:
     def active_page(self, namespace: str | None, now: float, limit: int, offset: int) -> tuple[int, list[Memory]]:
         where = f"WHERE {ACTIVE} AND (%s::text IS NULL OR m.namespace = %s)"
         total = int(self._value(f"SELECT COUNT(*) FROM memories m {where}", (now, namespace, namespace)))
-        page = self._memories(f"SELECT {_MEMORY_COLUMNS} FROM memories m {where} ORDER BY m.rowid LIMIT %s OFFSET %s",
+        page = self._memories(f"SELECT {MEMORY_COLUMNS} FROM memories m {where} ORDER BY m.rowid LIMIT %s OFFSET %s",
                               (now, namespace, namespace, limit, offset))
         return total, page
 
     def expired_memories(self, now: float) -> list[Memory]:
-        return self._memories(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE expires_at IS NOT NULL "
+        return self._memories(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE expires_at IS NOT NULL "
                               "AND expires_at < %s", (now,))
 
     def batch_siblings(self, batch_id: str, memory: Memory, now: float) -> list[str]:

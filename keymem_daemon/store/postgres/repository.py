@@ -36,6 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from keymem_daemon.config import describe_store_url
 from keymem_daemon.errors import Conflict, Refused, StoreError
 from keymem_daemon.store.postgres import schema
+from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.memories import PgMemoryRows
 
@@ -61,14 +62,14 @@ _RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, error
 
 
 @dataclass(slots=True)
-class PgReader(PgMemoryRows, PgKeyRows):
+class PgReader(PgMemoryRows, PgKeyRows, PgInspectRows):
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
 
 
 @dataclass(slots=True)
-class PgWriter(PgReader):
+class PgWriter(PgReader, PgInspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
