@@ -13,7 +13,8 @@ from psycopg.rows import dict_row
 
 from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Alias, MemoryFilter
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.postgres.memories import ACTIVE, MEMORY_COLUMNS, memory_of_row
+from keymem_daemon.store.postgres.memories import ACTIVE, memory_of_row
+from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS
 
 
 class PgInspectRows:

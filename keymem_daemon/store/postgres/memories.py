@@ -15,13 +15,8 @@ from psycopg.rows import dict_row
 from keymem_daemon.engine.keys import MemberState
 from keymem_daemon.engine.ports import MemoryRow, StoreCounts
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.sqlite.memories import memory_from_row
+from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, memory_from_row
 
-MEMORY_COLUMNS: Final = (
-    "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
-    "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
-    "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
-)
 # A memory is active until (and including) its expiry instant, as Memory.expired says.
 ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= %s)"
 # One stored token as a tsquery lexeme, quoted as keymem_tsvector quotes it (schema.py).
@@ -29,7 +24,8 @@ _LEXEME_QUERY: Final = "('''' || replace(replace(t, '\\', '\\\\'), '''', '''''')
 
 
 def memory_of_row(row: Mapping[str, Any]) -> Memory:
-    # memory_from_row reads columns by name; a dict row has the same names.
+    """A Memory from a dict row of MEMORY_COLUMNS (SQLite's columns: the schema is the same),
+    by SQLite's own function, which reads columns by name as a dict row offers them."""
     return memory_from_row(cast(sqlite3.Row, row))
 
 
