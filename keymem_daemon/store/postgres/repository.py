@@ -53,10 +53,14 @@ winning transaction to commit, short against a remember's 30 ms budget."""
 POOL_SIZE: Final = 4
 """Connections per daemon: the HTTP worker threads' concurrent units, not more (the server's
 max_connections is shared by every daemon of the team)."""
-POOL_TIMEOUT: Final = 10.0
-"""Seconds to wait for a connection before saying the server does not answer."""
+POOL_TIMEOUT: Final = 5.0
+"""Seconds a unit waits for a connection before saying the server does not answer: a write
+fails clearly rather than hang the shim or the hook while the server is down."""
 CONNECT_TIMEOUT: Final = 5
 """libpq's connect_timeout (whole seconds)."""
+RECONNECT_TIMEOUT: Final = 24 * 3600.0
+"""How long the pool keeps trying to reconnect in the background after the server went away
+(with backoff) before it gives up on it: a server down for a weekend is still found again."""
 # SQLSTATEs after which running the unit again can succeed.
 _RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 
@@ -94,7 +98,12 @@ class PostgresRepository:
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT}, name="keymem")
+            kwargs={"connect_timeout": CONNECT_TIMEOUT}, name="keymem",
+            # Each checkout proves its connection alive (one round trip): after the server
+            # restarts, the first unit gets a new connection instead of failing on a dead one.
+            check=ConnectionPool.check_connection,
+            # Reconnecting after an outage backs off from 1 s up to a minute (psycopg_pool's).
+            reconnect_timeout=RECONNECT_TIMEOUT)
         try:
             pool.open(wait=True, timeout=POOL_TIMEOUT)
             with pool.connection() as conn:
