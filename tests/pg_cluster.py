@@ -168,7 +168,7 @@ class PgCluster:
         self.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def _unprivileged_user() -> pwd.struct_passwd | None:
+def unprivileged_user() -> pwd.struct_passwd | None:
     """Whom the cluster runs as: None (the current user) unless the tests run as root."""
     if os.geteuid() != 0:
         return None
@@ -192,7 +192,7 @@ def _run(cluster_user: pwd.struct_passwd | None, args: list[str], *, timeout: fl
         raise RuntimeError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
 
 
-def _start(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
+def start_cluster(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
     # Not under pytest's tmp_path: its base directory is private to us, and the cluster's user
     # must be able to reach the directory it owns.
     root = Path(tempfile.mkdtemp(prefix="keymem-pg-"))
@@ -230,7 +230,7 @@ def _start(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
     raise last or RuntimeError("could not start PostgreSQL")
 
 
-def _stop(cluster: PgCluster) -> None:
+def stop_cluster(cluster: PgCluster) -> None:
     try:
         cluster.stop_server()
     finally:
@@ -255,17 +255,17 @@ def _require_postgres() -> Path:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
     """A running PostgreSQL cluster for this session (skips without PostgreSQL, fails in CI)."""
-    cluster = _start(_require_postgres(), _unprivileged_user())
+    cluster = start_cluster(_require_postgres(), unprivileged_user())
     try:
         yield cluster
     finally:
-        _stop(cluster)
+        stop_cluster(cluster)
 
 
 @pytest.fixture
 def own_pg_cluster() -> Iterator[PgCluster]:
     """A cluster of one test's own, for tests that stop and start its server."""
-    cluster = _start(_require_postgres(), _unprivileged_user())
+    cluster = start_cluster(_require_postgres(), unprivileged_user())
     try:
         yield cluster
     finally:
