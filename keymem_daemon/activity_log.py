@@ -18,14 +18,13 @@ import functools
 import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from keymem_daemon.store.sqlite.database import Store, Tx
+from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Reader, Repository, Writer
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +41,8 @@ def preview(text: str, limit: int = PREVIEW_CHARS) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
-    id: int
-    at: float
-    kind: str
-    memory_id: str | None
-    summary: str
-    detail: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
 class Page:
-    entries: list[Entry]
+    entries: list[ActivityEntry]
     latest_id: int
     enabled: bool
 
@@ -61,13 +50,16 @@ class Page:
 class ActivityLog:
     """The bounded log of one store; ``close()`` writes what is still queued."""
 
-    def __init__(self, store: Store, bound: tuple[int, float] | None, *,
+    def __init__(self, store: Repository, bound: tuple[int, float] | None, *,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._bound = bound
         self._clock = clock
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._watchers: dict[int, Callable[[], object]] = {}
+        self._watch_lock = threading.Lock()
+        self._watches_ended = False
         if bound is not None:
             self._thread = threading.Thread(target=self._run, name="keymem-activity", daemon=True)
             self._thread.start()
@@ -79,8 +71,39 @@ class ActivityLog:
     def record(self, kind: str, summary: str, detail: Mapping[str, Any], *, memory_id: str | None = None) -> None:
         if self._thread is None:
             return
-        self._queue.put((self._clock(), kind, memory_id, summary,
-                         json.dumps(dict(detail), ensure_ascii=False, default=str)))
+        self._queue.put(ActivityRow(self._clock(), kind, memory_id, summary,
+                                    json.dumps(dict(detail), ensure_ascii=False, default=str)))
+
+    def watch(self, wake: Callable[[], object]) -> Callable[[], None]:
+        """Call ``wake`` (from the log's thread) after each batch of entries is stored, and
+        once more when ``end_watches`` is called; returns the function that stops watching."""
+        token = id(wake)
+        with self._watch_lock:
+            self._watchers[token] = wake
+
+        def unwatch() -> None:
+            with self._watch_lock:
+                self._watchers.pop(token, None)
+
+        return unwatch
+
+    @property
+    def watches_ended(self) -> bool:
+        return self._watches_ended
+
+    def end_watches(self) -> None:
+        """The daemon is stopping: watchers (the live feed's streams) wake once and end."""
+        self._watches_ended = True
+        self._wake_watchers()
+
+    def _wake_watchers(self) -> None:
+        with self._watch_lock:
+            watchers = list(self._watchers.values())
+        for wake in watchers:
+            try:
+                wake()
+            except Exception:
+                logger.exception("an activity watcher failed")
 
     def flush(self) -> None:
         """Return once every entry recorded so far is in the store."""
@@ -91,6 +114,7 @@ class ActivityLog:
         done.wait()
 
     def close(self) -> None:
+        self.end_watches()
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join()
@@ -104,51 +128,36 @@ class ActivityLog:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            rows = [item for item in items if isinstance(item, tuple)]
+            rows = [item for item in items if isinstance(item, ActivityRow)]
             if rows:
                 try:
                     self._store.write(functools.partial(self._insert, rows=rows))
                 except Exception:
                     logger.exception("could not write %d activity entries", len(rows))
+                else:
+                    self._wake_watchers()
             for item in items:
                 if isinstance(item, threading.Event):
                     item.set()
             if any(item is _STOP for item in items):
                 return
 
-    def _insert(self, tx: Tx, *, rows: list[tuple[Any, ...]]) -> None:
+    def _insert(self, writer: Writer, *, rows: list[ActivityRow]) -> None:
         assert self._bound is not None
-        tx.conn.executemany("INSERT INTO activity(at, kind, memory_id, summary, detail) VALUES (?, ?, ?, ?, ?)", rows)
-        tx.conn.execute("DELETE FROM activity WHERE id <= (SELECT MAX(id) FROM activity) - ?", (self._bound[0],))
+        writer.add_activity(rows, keep=self._bound[0])
 
     def prune(self) -> int:
         """Drop entries older than the bound's days (all of them when the log is off)."""
         cutoff = self._clock() - self._bound[1] * 86400 if self._bound is not None else float("inf")
-        deleted: int = self._store.write(
-            lambda tx: tx.conn.execute("DELETE FROM activity WHERE at < ?", (cutoff,)).rowcount)
-        return deleted
+        return self._store.write(lambda writer: writer.prune_activity(before=cutoff))
 
     def page(self, *, after: int = 0, before: int | None = None, limit: int = 100, kind: str | None = None,
              memory_id: str | None = None) -> Page:
         """Entries newest first: newer than ``after``, older than ``before`` (paging back)."""
-        where, params = ["id > ?"], [after]
-        if before is not None:
-            where.append("id < ?")
-            params.append(before)
-        if kind is not None:
-            where.append("kind = ?")
-            params.append(kind)  # type: ignore[arg-type]
-        if memory_id is not None:
-            where.append("memory_id = ?")
-            params.append(memory_id)  # type: ignore[arg-type]
-        sql = (f"SELECT id, at, kind, memory_id, summary, detail FROM activity WHERE {' AND '.join(where)} "
-               "ORDER BY id DESC LIMIT ?")
-
-        def read(conn: sqlite3.Connection) -> Page:
-            rows = conn.execute(sql, [*params, max(1, min(MAX_PAGE, limit))]).fetchall()
-            latest = conn.execute("SELECT COALESCE(MAX(id), 0) FROM activity").fetchone()[0]
-            entries = [Entry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
-            return Page(entries, int(latest), self.enabled)
+        def read(reader: Reader) -> Page:
+            entries = reader.activity_entries(after=after, before=before, kind=kind, memory_id=memory_id,
+                                              limit=max(1, min(MAX_PAGE, limit)))
+            return Page(entries, reader.latest_activity_id(), self.enabled)
 
         return self._store.read(read)
 

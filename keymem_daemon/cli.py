@@ -326,6 +326,7 @@ def status(state: CliState, as_json: bool) -> None:
         "started_at": info.started_at,
         "uptime_s": round(time.time() - info.started_at, 1),
         "data_dir": info.data_dir,
+        "store": stats.get("store"),
         "embedder": stats.get("embedder") or info.embedder,
         "memories": stats.get("memories"),
         "keys": stats.get("keys"),
@@ -347,6 +348,8 @@ def status(state: CliState, as_json: bool) -> None:
         f"  data dir:  {info.data_dir}",
         f"  uptime:    {_duration(data['uptime_s'])}",
     ]
+    if data["store"]:
+        lines.append(f"  store at:  {data['store']}")
     if data["memories"] is not None:
         lines.append(f"  store:     {data['memories']} memories, {data['keys']} keys, {data['links']} links")
     if data["embedder"]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
+from urllib.parse import SplitResult, parse_qs, quote, unquote, urlsplit
 
 from keymem_daemon.errors import ConfigError
 
@@ -107,6 +108,64 @@ def _path(name: str, raw: str) -> Path:
     if not raw.strip():
         raise ConfigError(f"{name} is set but empty")
     return Path(raw.strip()).expanduser().resolve()
+
+
+STORE_URL_SCHEMES: Final = ("postgresql", "postgres")
+"""libpq's URI schemes (the only server backend; unset means the embedded SQLite store)."""
+_DEFAULT_PG_PORT: Final = 5432
+
+
+def _split_store_url(name: str, raw: str) -> SplitResult:
+    try:
+        url = urlsplit(raw.strip())
+        url.port  # noqa: B018 - parses the port: a bad one raises here, not at connect time
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not a valid URL ({exc}): {redacted_url(raw)}") from None
+    if url.scheme not in STORE_URL_SCHEMES:
+        raise ConfigError(f"{name}={redacted_url(raw)!r} must be a postgresql:// URL (unset it for the "
+                          "embedded SQLite store)")
+    if not url.path.strip("/") and not parse_qs(url.query).get("dbname"):
+        raise ConfigError(f"{name}={redacted_url(raw)!r} names no database (postgresql://ROLE@HOST:PORT/DATABASE)")
+    return url
+
+
+def parse_store_url(name: str, raw: str) -> str:
+    """A ``postgresql://`` URL naming a database; the password may be in it, in PGPASSFILE
+    (``~/.pgpass``) or in PGPASSWORD -- libpq reads those itself."""
+    _split_store_url(name, raw)
+    return raw.strip()
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password (in the userinfo or a ``password=`` parameter) replaced by
+    ``***``: the only form of a store URL that may be logged or shown."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable URL)"
+    if parts.password is None and "password=" not in parts.query.lower():
+        return url
+    netloc = parts.netloc
+    if parts.password is not None:
+        user = quote(unquote(parts.username or ""), safe="")
+        host = netloc.rpartition("@")[2]
+        netloc = f"{user}:***@{host}"
+    query = "&".join("password=***" if item.lower().startswith("password=") else item
+                     for item in parts.query.split("&"))
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def describe_store_url(url: str) -> str:
+    """``postgresql HOST:PORT/DATABASE as ROLE`` for status and /health (never the password).
+    What libpq would default (no role: the OS user or PGUSER; no host: the local socket) is
+    said as such rather than guessed."""
+    parts = _split_store_url("KEYMEM_STORE_URL", url)
+    query = parse_qs(parts.query)
+    host = parts.hostname or (query.get("host") or ["local socket"])[0]
+    port = parts.port or int((query.get("port") or [str(_DEFAULT_PG_PORT)])[0])
+    database = parts.path.strip("/") or query["dbname"][0]
+    role = unquote(parts.username) if parts.username else (query.get("user") or ["the default role"])[0]
+    return f"postgresql {host}:{port}/{unquote(database)} as {role}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +285,10 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "keymemd keeps a warm keymem-shim (<data>/shim.sock) that hosts' shims hand their "
              "stdio to: initialize in about 0.1 s instead of the MCP SDK's ~0.5 s import. "
              "false: no warm shim, and shims always serve in-process."),
+    Variable("KEYMEM_STORE_URL", "store_url", parse_store_url, "(unset: SQLite in the data dir)",
+             "Team memory: a postgresql://ROLE[:PASSWORD]@HOST:PORT/DATABASE URL puts the store on "
+             "that PostgreSQL server (the password may instead come from PGPASSFILE or PGPASSWORD; "
+             "it is never logged or shown). Unset: the embedded SQLite store <data>/keymem.db."),
     Variable("KEYMEM_HOST_CWD", "host_cwd", _text, "(the shim's working directory)",
              "The user's project directory as the shim reports it; the plugin launcher sets it "
              "(Codex starts plugin servers inside the plugin). Set but empty: report none."),
@@ -287,6 +350,8 @@ class Settings:
     start_timeout: float = 20.0
     warm_shim: bool = True
     host_cwd: str | None = None
+    # Holds the password when the URL carries one: out of repr, so a logged Settings shows none.
+    store_url: str | None = field(default=None, repr=False)
     # Host transcript roots (CLAUDE_CONFIG_DIR / CODEX_HOME); not KEYMEM_ variables.
     claude_dir: Path = field(default_factory=lambda: Path("~/.claude").expanduser())
     codex_dir: Path = field(default_factory=lambda: Path("~/.codex").expanduser())
@@ -318,6 +383,13 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return self.data_dir / "keymem.db"
+
+    @property
+    def store_description(self) -> str:
+        """Which store this configuration uses, as status and /health say it."""
+        if self.store_url is None:
+            return f"sqlite {self.db_path}"
+        return describe_store_url(self.store_url)
 
     @property
     def info_path(self) -> Path:

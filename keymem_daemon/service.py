@@ -24,7 +24,7 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine import limits, push, retrieval, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.records import IdempotencyKey, render
-from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady
+from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
 from keymem_daemon.mcp import instructions, tools
 from keymem_daemon.store.sqlite.memories import get_memory
 
@@ -100,6 +100,10 @@ class Service:
         started = time.perf_counter()
         single_threaded_blas()
         try:
+            if self.settings.store_url is not None:
+                # The PostgreSQL store (store/postgres) is not behind the engine's ports yet.
+                raise ConfigError(f"KEYMEM_STORE_URL points at {self.settings.store_description}, but this keymemd "
+                                  "cannot serve from a PostgreSQL store yet; unset it to use the SQLite store")
             self.progress = DownloadProgress()
             embedder, note = load_embedder_or_default(self.settings, progress=self.progress)
             self.embedder_note = note
@@ -314,7 +318,7 @@ class Service:
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "state": self.state, "uptime_s": round(self.clock() - self.started_at, 1),
-            "data_dir": str(self.settings.data_dir),
+            "data_dir": str(self.settings.data_dir), "store": self.settings.store_description,
         }
         if self.graph is not None:
             out.update(render(self.graph.stats()))

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Set up everything the tests need and run the whole suite: what CI runs.
 #   - a private virtualenv in .venv with keymem and its test extras;
-#   - Debian packages the tests drive for real (Chromium for the inspector's browser tests),
-#     installed with apt-get when missing and this runs as root;
+#   - Debian packages the tests drive for real (Chromium for the inspector's browser tests,
+#     PostgreSQL for team memory's throwaway clusters, tests/pg_cluster.py), installed with
+#     apt-get when missing and this runs as root;
 #   - the pinned Claude Code and Codex CLIs (tests/install/test_real_hosts.py), installed with
 #     npm into a cache outside the checkout when missing (the hosts copy the checkout as a
 #     plugin: node_modules inside it would go along). Pinned: a bare install can pick an old Claude Code
@@ -12,13 +13,15 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="chromium"
+# package:command -- a package is missing when its command is not found. PostgreSQL's
+# programs are not on PATH on Debian (/usr/lib/postgresql/N/bin); pg_config finds them.
+APT_PACKAGES="chromium:chromium postgresql:pg_config"
 HOST_PACKAGES="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
 HOSTS_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/keymem-test-hosts/2.1.332-0.171.0"
 
 missing=""
-for pkg in $APT_PACKAGES; do
-    command -v "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
+for entry in $APT_PACKAGES; do
+    command -v "${entry#*:}" >/dev/null 2>&1 || missing="$missing ${entry%%:*}"
 done
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,6 +1,7 @@
 """Shared fixtures: real daemons in real processes (``daemon``, ``daemons``), the ``keymemd``
 command line (``cli``) and ``wait_for``. What they are built from -- and what tests import
-by name -- is in ``daemon_helpers``."""
+by name -- is in ``daemon_helpers``. A throwaway PostgreSQL cluster (``pg_cluster``, and a
+fresh database per test, ``pg_database``) comes from ``pg_cluster``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, share_model_tables, wait_for
+from pg_cluster import pg_cluster, pg_database  # noqa: F401 - fixtures, found by pytest through this import
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -364,12 +364,80 @@ class TransferWrites(Protocol):
 
 # -- inspect: the inspector's reads and the activity log (store/sqlite/inspect.py) -------------
 
+@dataclass(frozen=True, slots=True)
+class MemoryFilter:
+    """Which memories a newest-first listing keeps (``None``: any)."""
+
+    namespace: str | None = None
+    decay_profile: str | None = None
+    key_id: str | None = None
+    agent: str | None = None
+    session: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    alias: str
+    learned: bool
+    hits: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityEntry:
+    """One entry of the activity log."""
+
+    id: int
+    at: float
+    kind: str
+    memory_id: str | None
+    summary: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityRow:
+    """An entry to record; ``detail_json`` is its detail, serialised when it was recorded."""
+
+    at: float
+    kind: str
+    memory_id: str | None
+    summary: str
+    detail_json: str
+
+
 class InspectReads(Protocol):
-    ...
+    def newest_memories(self, where: MemoryFilter, *, now: float, limit: int) -> list[Memory]:
+        """Active memories matching ``where``, newest first."""
+
+    def strongest_links(self, memory_ids: Sequence[str], *, per_memory: int | None = None
+                 ) -> dict[str, list[tuple[str, float]]]:
+        """Each memory's ``(key_id, weight)`` links, strongest first (at most ``per_memory``)."""
+
+    def aliases_of(self, key_id: str) -> list[Alias]:
+        """A key's aliases: the given ones first, then the learned, each in the order added."""
+
+    def co_occurring_keys(self, key_id: str, *, sample: int, limit: int) -> list[tuple[str, int]]:
+        """``(key_id, count)`` of the keys sharing most of ``sample`` of this key's memories."""
+
+    def strongest_members(self, key_id: str, *, now: float, limit: int) -> list[Memory]:
+        """A key's active memories by link weight (then depth), at most ``limit``."""
+
+    def activity_entries(self, *, after: int = 0, before: int | None = None, kind: str | None = None,
+                         memory_id: str | None = None, limit: int) -> list[ActivityEntry]:
+        """Entries newest first: newer than ``after``, older than ``before``."""
+
+    def latest_activity_id(self) -> int:
+        """The newest entry's id (0 for an empty log)."""
 
 
 class InspectWrites(Protocol):
-    ...
+    def add_activity(self, rows: Sequence[ActivityRow], *, keep: int) -> None:
+        """Append entries, then drop all but the newest ``keep``."""
+
+    def prune_activity(self, *, before: float) -> int:
+        """Drop entries recorded before ``before``; how many went."""
 
 
 # -- the unit of work ---------------------------------------------------------------------------

@@ -150,6 +150,7 @@ class StatsOut(BaseModel):
     state: Literal["starting", "ready", "failed"]
     uptime_s: float
     data_dir: str
+    store: str = Field(description='Which store: "sqlite PATH" or "postgresql HOST:PORT/DATABASE as ROLE".')
 
     @classmethod
     def from_domain(cls, stats: Any) -> StatsOut:

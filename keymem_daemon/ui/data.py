@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +18,11 @@ from typing import Any, Final
 from keymem_daemon.activity_log import preview
 from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
+from keymem_daemon.engine.ports import MemoryFilter, Reader
 from keymem_daemon.engine.records import Memory, render
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput, NotFound
 from keymem_daemon.service import Service
-from keymem_daemon.store.sqlite.memories import _MEMORY_COLUMNS, ACTIVE, get_memories, get_memory, memory_from_row
 
 MAX_RESULTS: Final = 100
 FILTER_POOL: Final = 100
@@ -134,30 +133,20 @@ class Inspector:
 
     def _newest(self, filters: SearchFilters, limit: int) -> list[dict[str, Any]]:
         graph = self.service.ready_graph()
-        now = graph.clock()
-        where, params = [ACTIVE], [now]
-        for sql, value in (("m.namespace = ?", filters.namespace), ("m.decay_profile = ?", filters.decay_profile),
-                           ("m.created_at >= ?", filters.since), ("m.created_at <= ?", filters.until),
-                           ("json_extract(m.source, '$.host_agent') = ?", filters.agent),
-                           ("json_extract(m.source, '$.host_session') = ?", filters.session)):
-            if value is not None:
-                where.append(sql)
-                params.append(value)  # type: ignore[arg-type]
-        join = ""
+        key_id = None
         if filters.key is not None:
-            kid = graph.keys.by_norm(normalize(filters.key))
-            if kid is None:
+            key_id = graph.keys.by_norm(normalize(filters.key))
+            if key_id is None:
                 return []
-            join = "JOIN links fk ON fk.memory_id = m.id AND fk.key_id = ?"
-            params.insert(0, kid)  # type: ignore[arg-type]
+        where = MemoryFilter(namespace=filters.namespace, decay_profile=filters.decay_profile, key_id=key_id,
+                             agent=filters.agent, session=filters.session, since=filters.since,
+                             until=filters.until)
         # A status filter is computed, not stored: look through more rows for it.
         fetch = limit * 5 if filters.status else limit
-        sql = (f"SELECT {_MEMORY_COLUMNS} FROM memories m {join} WHERE {' AND '.join(where)} "
-               "ORDER BY m.created_at DESC LIMIT ?")
 
-        def read(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            memories = [memory_from_row(r) for r in conn.execute(sql, [*params, fetch])]
-            keys = self._keys_of(conn, [m.id for m in memories])
+        def read(reader: Reader) -> list[dict[str, Any]]:
+            memories = reader.newest_memories(where, now=graph.clock(), limit=fetch)
+            keys = self._keys_of(reader, [m.id for m in memories])
             out = []
             for m in memories:
                 validity = graph.validity_of(m)
@@ -173,19 +162,15 @@ class Inspector:
 
         return graph.store.read(read)
 
-    def _keys_of(self, conn: sqlite3.Connection, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    def _keys_of(self, reader: Reader, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         graph = self.service.ready_graph()
         out: dict[str, list[dict[str, Any]]] = {}
-        if not memory_ids:
-            return out
-        marks = ",".join("?" * len(memory_ids))
-        for mid, kid, weight in conn.execute(
-                f"SELECT memory_id, key_id, weight FROM links WHERE memory_id IN ({marks}) ORDER BY weight DESC",
-                list(memory_ids)):
-            info = graph.keys.get(kid)
-            if info is not None:
-                out.setdefault(mid, []).append({"concept": info.concept, "key_id": kid,
-                                                "link_weight": round(weight, 3)})
+        for mid, links in reader.strongest_links(memory_ids).items():
+            for kid, weight in links:
+                info = graph.keys.get(kid)
+                if info is not None:
+                    out.setdefault(mid, []).append({"concept": info.concept, "key_id": kid,
+                                                    "link_weight": round(weight, 3)})
         return out
 
     # -- one memory -------------------------------------------------------------------
@@ -195,19 +180,19 @@ class Inspector:
         view = graph.inspect_memory(memory_id)
         memory_data: dict[str, Any] = render(view)
 
-        def read(conn: sqlite3.Connection) -> dict[str, Any]:
-            memory = get_memory(conn, memory_id)
+        def read(reader: Reader) -> dict[str, Any]:
+            memory = reader.memory(memory_id)
             assert memory is not None
             history: list[dict[str, Any]] = []
             older = memory.supersedes
             while older is not None and len(history) < 20:
-                previous = get_memory(conn, older)
+                previous = reader.memory(older)
                 if previous is None:
                     break
                 history.append({"id": previous.id, "content": preview(previous.content, RESULT_CHARS),
                                 "created_at": previous.created_at})
                 older = previous.supersedes
-            related = get_memories(conn, view.memory.related_to)
+            related = reader.memories(view.memory.related_to)
             return {
                 "decay_profile": memory.decay_profile, "confirmation_count": memory.confirmation_count,
                 "last_confirmation_evidence": memory.last_confirmation_evidence,
@@ -246,14 +231,10 @@ class Inspector:
         ranked = graph.read_key(key_id, namespace=namespace or None, limit=KEY_MEMBERS)
         kid = ranked.key.key_id
 
-        def read(conn: sqlite3.Connection) -> dict[str, Any]:
-            aliases = [{"alias": r[0], "learned": bool(r[1]), "hits": r[2]} for r in conn.execute(
-                "SELECT alias, learned, hits FROM aliases WHERE key_id = ? ORDER BY learned, added_at", (kid,))]
-            contents = get_memories(conn, [h.memory_id for h in ranked.memories])
-            co = conn.execute(
-                "SELECT l2.key_id, COUNT(*) AS n FROM (SELECT memory_id FROM links WHERE key_id = ? LIMIT ?) l1 "
-                "JOIN links l2 ON l2.memory_id = l1.memory_id AND l2.key_id != ? "
-                "GROUP BY l2.key_id ORDER BY n DESC LIMIT ?", (kid, CO_KEY_SAMPLE, kid, CO_KEYS)).fetchall()
+        def read(reader: Reader) -> dict[str, Any]:
+            aliases = render(reader.aliases_of(kid))
+            contents = reader.memories([h.memory_id for h in ranked.memories])
+            co = reader.co_occurring_keys(kid, sample=CO_KEY_SAMPLE, limit=CO_KEYS)
             return {"aliases": aliases,
                     "contents": {mid: preview(m.content, 200) for mid, m in contents.items()},
                     "co_keys": [{"key_id": r[0], "concept": info.concept, "count": r[1]} for r in co
@@ -295,15 +276,11 @@ class Inspector:
         edges: dict[str, dict[str, Any]] = {}
         now = graph.clock()
 
-        def read(conn: sqlite3.Connection) -> None:
-            rows = conn.execute(
-                f"SELECT {_MEMORY_COLUMNS} FROM links l JOIN memories m ON m.id = l.memory_id "
-                f"WHERE l.key_id = ? AND {ACTIVE} ORDER BY l.weight DESC, m.depth DESC LIMIT ?",
-                (kid, now, GRAPH_MEMBERS)).fetchall()
-            for row in rows:
-                m = memory_from_row(row)
+        def read(reader: Reader) -> None:
+            members = reader.strongest_members(kid, now=now, limit=GRAPH_MEMBERS)
+            for m in members:
                 nodes[f"m:{m.id}"] = self._memory_node(m)
-                self._link_memory(conn, m.id, nodes, edges)
+            self._link_memories(reader, [m.id for m in members], nodes, edges)
 
         graph.store.read(read)
         return {"center": f"k:{kid}", "nodes": list(nodes.values()), "edges": list(edges.values())}
@@ -313,27 +290,27 @@ class Inspector:
         nodes: dict[str, dict[str, Any]] = {}
         edges: dict[str, dict[str, Any]] = {}
 
-        def read(conn: sqlite3.Connection) -> None:
-            m = get_memory(conn, memory_id)
+        def read(reader: Reader) -> None:
+            m = reader.memory(memory_id)
             if m is None:
                 raise NotFound(f"Memory {memory_id} not found")
             nodes[f"m:{m.id}"] = self._memory_node(m)
-            self._link_memory(conn, m.id, nodes, edges)
+            self._link_memories(reader, [m.id], nodes, edges)
 
         graph.store.read(read)
         return {"center": f"m:{memory_id}", "nodes": list(nodes.values()), "edges": list(edges.values())}
 
-    def _link_memory(self, conn: sqlite3.Connection, memory_id: str, nodes: dict[str, dict[str, Any]],
-                     edges: dict[str, dict[str, Any]]) -> None:
-        for kid, weight in conn.execute("SELECT key_id, weight FROM links WHERE memory_id = ? "
-                                        "ORDER BY weight DESC LIMIT ?", (memory_id, GRAPH_KEYS_PER_MEMORY)):
-            node = self._key_node(kid)
-            if node is None:
-                continue
-            nodes.setdefault(f"k:{kid}", node)
-            edge_id = f"k:{kid}|m:{memory_id}"
-            edges[edge_id] = {"id": edge_id, "source": f"k:{kid}", "target": f"m:{memory_id}",
-                              "weight": round(weight, 3)}
+    def _link_memories(self, reader: Reader, memory_ids: Sequence[str], nodes: dict[str, dict[str, Any]],
+                       edges: dict[str, dict[str, Any]]) -> None:
+        for memory_id, links in reader.strongest_links(memory_ids, per_memory=GRAPH_KEYS_PER_MEMORY).items():
+            for kid, weight in links:
+                node = self._key_node(kid)
+                if node is None:
+                    continue
+                nodes.setdefault(f"k:{kid}", node)
+                edge_id = f"k:{kid}|m:{memory_id}"
+                edges[edge_id] = {"id": edge_id, "source": f"k:{kid}", "target": f"m:{memory_id}",
+                                  "weight": round(weight, 3)}
 
     def _key_node(self, key_id: str) -> dict[str, Any] | None:
         info = self.service.ready_graph().keys.get(key_id)

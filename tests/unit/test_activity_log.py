@@ -95,6 +95,27 @@ def test_tool_writes_and_injections_are_recorded_by_the_service(graph: MemoryGra
         service.activity.close()
 
 
+def test_watchers_wake_after_each_stored_batch_and_once_more_when_watching_ends(
+        graph: MemoryGraph, clock: FakeClock) -> None:
+    log = ActivityLog(graph.store, (100, 30.0), clock=clock)
+    seen: list[int] = []
+    unwatch = log.watch(lambda: seen.append(log.page().latest_id))
+    try:
+        log.record("remember", "one", {})
+        log.flush()
+        assert seen and seen[-1] == log.page().latest_id > 0, "woken after the entry was stored"
+        unwatch()
+        log.record("remember", "two", {})
+        log.flush()
+        assert len(seen) == 1, "no wake after unwatching"
+        log.watch(lambda: seen.append(-1))
+        assert not log.watches_ended
+        log.end_watches()
+        assert log.watches_ended and seen[-1] == -1
+    finally:
+        log.close()
+
+
 def test_descriptions_skip_refusals_and_no_ops() -> None:
     assert describe_tool_call("forget", {"memory_id": "a"}, {"error": "nope"}, actor="x") is None
     assert describe_tool_call("forget", {"memory_id": "a"}, {"deleted": False}, actor="x") is None

@@ -152,6 +152,22 @@ def test_prompt_instructions_and_stats(client: TestClient) -> None:
     json.dumps(stats)  # plain JSON all the way down
 
 
+def test_stats_say_which_store_the_daemon_serves_from(client: TestClient, loaded: tuple[Service, Settings]) -> None:
+    assert client.get("/v1/stats").json()["store"] == f"sqlite {loaded[1].db_path}"
+
+
+def test_a_store_url_is_refused_at_load_naming_the_server_but_not_the_password(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, KEYMEM_STORE_URL="postgresql://alice:s3cret@db.example:6543/team")
+    service = Service(settings)
+    try:
+        service.load()
+        assert service.state == "failed"
+        assert service.error is not None and "postgresql db.example:6543/team as alice" in service.error
+        assert "s3cret" not in service.error and not settings.db_path.exists()
+    finally:
+        service.close()
+
+
 def test_inject_renders_relevant_memories(client: TestClient) -> None:
     client.post(
         "/v1/tools/remember",

@@ -124,3 +124,39 @@ def test_only_config_reads_keymem_variables() -> None:
         if re.search(r"""(environ|getenv)\s*(\.get)?\s*[\[(]\s*["']KEYMEM_""", text):
             offenders.append(str(path.relative_to(package)))
     assert not offenders, f"KEYMEM_* read outside config.py: {offenders}"
+
+
+@pytest.mark.parametrize(
+    "url, shown, described",
+    [
+        ("postgresql://alice:s3cr%40t@db.example:6543/team", "postgresql://alice:***@db.example:6543/team",
+         "postgresql db.example:6543/team as alice"),
+        ("postgresql://alice@db/team?sslmode=require&password=s3cr%40t",
+         "postgresql://alice@db/team?sslmode=require&password=***", "postgresql db:5432/team as alice"),
+        ("postgres:///team?host=/run/pg&port=5433", "postgres:///team?host=/run/pg&port=5433",
+         "postgresql /run/pg:5433/team as the default role"),
+    ],
+)
+def test_a_store_url_is_shown_and_described_without_its_password(url: str, shown: str, described: str) -> None:
+    settings = Settings.from_env({"HOME": "/nonexistent", "KEYMEM_STORE_URL": url})
+    assert settings.store_url == url
+    assert config.redacted_url(url) == shown
+    assert settings.store_description == described
+    assert "s3cr" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    "url, problem",
+    [("mysql://alice@db/team", "must be a postgresql:// URL"), ("postgresql://alice:pw@db/", "names no database"),
+     ("postgresql://alice:pw@db:99999/team", "not a valid URL")],
+)
+def test_a_bad_store_url_is_refused_without_showing_its_password(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem) as refused:
+        Settings.from_env({"HOME": "/nonexistent", "KEYMEM_STORE_URL": url})
+    assert ":pw@" not in refused.value.message and "KEYMEM_STORE_URL" in refused.value.message
+
+
+def test_without_a_store_url_the_store_is_the_sqlite_file(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HOME": str(tmp_path)})
+    assert settings.store_url is None
+    assert settings.store_description == f"sqlite {settings.db_path}"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
 from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
 from keymem_daemon.store.sqlite.search import LexicalRows
@@ -28,6 +29,7 @@ class SqliteReader(
     MemoryRows,
     KeyRows,
     LexicalRows,
+    InspectRows,
 ):
     """One snapshot of the database, on the calling thread's read connection."""
 
@@ -44,7 +46,8 @@ class SqliteReader(
 
 
 @dataclass(slots=True)
-class SqliteWriter(SqliteReader):
+class SqliteWriter(SqliteReader,
+                   InspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)

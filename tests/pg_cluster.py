@@ -1,0 +1,258 @@
+"""A throwaway PostgreSQL cluster for the team-memory tests (issue 22).
+
+``pg_cluster`` (one per test session) runs ``initdb`` and ``pg_ctl start`` from the installed
+PostgreSQL (``pg_config --bindir``, else the newest ``/usr/lib/postgresql/*/bin``) on a free
+port on 127.0.0.1, with its unix socket in the cluster's temp dir (never the system's
+/var/run/postgresql), creates the role ``keymem_owner`` with a password and the database
+``keymem`` it owns, and yields a ``PgCluster`` whose ``url`` points there. At the end it stops
+the server and removes the directory.
+
+PostgreSQL refuses to run as root, and CI runs as root: then the cluster's files belong to an
+unprivileged OS user (Debian's ``postgres``, else ``nobody``) and ``initdb``, ``pg_ctl`` and the
+server run as that user (``subprocess``'s ``user=``/``group=``, no sudo needed).
+
+Every connection needs a password (scram-sha-256, local and TCP alike), so a test of access
+control never passes because of ``trust``. Durability settings are relaxed (``fsync=off``):
+the cluster lives as long as the session, and a clean ``pg_ctl stop`` writes everything out.
+
+Without PostgreSQL binaries the tests that use it skip, saying why -- except under
+``CI=true``, where CI installs PostgreSQL (``scripts/run-tests.sh``), so it is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import itertools
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+import pytest
+
+SUPERUSER: Final = "keymem_super"
+OWNER: Final = "keymem_owner"
+DATABASE: Final = "keymem"
+START_TIMEOUT: Final = 120
+"""Seconds ``pg_ctl start`` may take: initdb's first start on a loaded 2-core machine is ~2 s."""
+STOP_TIMEOUT: Final = 60
+PORT_ATTEMPTS: Final = 5
+"""A free port can be taken by another process between the probe and the server's bind."""
+# Whom the cluster runs as when the tests run as root, in order of preference.
+_UNPRIVILEGED_USERS: Final = ("postgres", "nobody")
+
+_counter = itertools.count(1)
+
+
+def find_bindir() -> Path | None:
+    """The directory holding ``initdb``/``pg_ctl``/``postgres``, or None when not installed."""
+    candidates: list[Path] = []
+    pg_config = shutil.which("pg_config")
+    if pg_config is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=30, check=True)
+            candidates.append(Path(out.stdout.strip()))
+
+    def version(path: str) -> tuple[int, ...]:
+        name = Path(path).parent.name
+        return tuple(int(p) for p in name.split(".") if p.isdigit())
+
+    candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True)]
+    for path in candidates:
+        if all((path / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres")):
+            return path
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class PgCluster:
+    """A running throwaway cluster: how to reach it and how to add roles and databases."""
+
+    bindir: Path
+    root: Path
+    port: int
+    passwords: dict[str, str]
+    run_as: pwd.struct_passwd | None
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.root / "socket"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "server.log"
+
+    def url_for(self, role: str, database: str = DATABASE, *, password: str | None = None) -> str:
+        """A ``postgresql://`` URL for ``role`` on ``database`` (its own password by default)."""
+        secret = self.passwords[role] if password is None else password
+        return f"postgresql://{quote(role, safe='')}:{quote(secret, safe='')}@{self.host}:{self.port}/{database}"
+
+    @property
+    def url(self) -> str:
+        """The owner role on the ``keymem`` database."""
+        return self.url_for(OWNER)
+
+    @property
+    def superuser_url(self) -> str:
+        return self.url_for(SUPERUSER, "postgres")
+
+    def admin(self, *statements: Any, params: tuple[Any, ...] = ()) -> None:
+        """Run statements as the superuser, outside a transaction (CREATE DATABASE needs that).
+        psycopg is imported here, not at the top: a venv without it still collects the suite."""
+        import psycopg
+
+        with psycopg.connect(self.superuser_url, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement, params or None)
+
+    def create_role(self, prefix: str = "person") -> str:
+        """A new login role with a password of its own and no privileges; returns its name."""
+        from psycopg import sql
+
+        name = f"{prefix}_{next(_counter)}_{secrets.token_hex(3)}"
+        self.passwords[name] = secrets.token_urlsafe(12)
+        self.admin(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(name), sql.Literal(self.passwords[name])))
+        return name
+
+    def create_database(self, owner: str = OWNER) -> str:
+        """A new empty database owned by ``owner``; returns its name."""
+        from psycopg import sql
+
+        name = f"keymem_{next(_counter)}_{secrets.token_hex(3)}"
+        # Nobody but the owner connects unless a test grants it (PUBLIC may connect by default).
+        self.admin(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)),
+                   sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
+        return name
+
+    def drop_database(self, name: str) -> None:
+        from psycopg import sql
+
+        self.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _unprivileged_user() -> pwd.struct_passwd | None:
+    """Whom the cluster runs as: None (the current user) unless the tests run as root."""
+    if os.geteuid() != 0:
+        return None
+    for name in _UNPRIVILEGED_USERS:
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    pytest.fail("running as root, and neither a 'postgres' nor a 'nobody' user exists to run PostgreSQL as")
+
+
+def _run(cluster_user: pwd.struct_passwd | None, args: list[str], *, timeout: float) -> None:
+    """Run a PostgreSQL tool, as the cluster's user when that is not us; fail with its output."""
+    extra: dict[str, Any] = {}
+    if cluster_user is not None:
+        extra = {"user": cluster_user.pw_uid, "group": cluster_user.pw_gid, "extra_groups": []}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+    if cluster_user is not None:
+        env["HOME"] = cluster_user.pw_dir
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, check=False,
+                          cwd="/", **extra)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+
+
+def _start(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
+    # Not under pytest's tmp_path: its base directory is private to us, and the cluster's user
+    # must be able to reach the directory it owns.
+    root = Path(tempfile.mkdtemp(prefix="keymem-pg-"))
+    passwords = {SUPERUSER: secrets.token_urlsafe(16), OWNER: secrets.token_urlsafe(16)}
+    (root / "socket").mkdir()
+    pwfile = root / "superuser.pw"
+    pwfile.write_text(passwords[SUPERUSER] + "\n")
+    if run_as is not None:
+        for path in (root, root / "socket", pwfile):
+            os.chown(path, run_as.pw_uid, run_as.pw_gid)
+    _run(run_as, [str(bindir / "initdb"), "-D", str(root / "data"), "-U", SUPERUSER, f"--pwfile={pwfile}",
+                  "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8",
+                  "--no-sync"], timeout=START_TIMEOUT)
+    pwfile.unlink()
+    last: RuntimeError | None = None
+    for _ in range(PORT_ATTEMPTS):
+        port = _free_port()
+        cluster = PgCluster(bindir=bindir, root=root, port=port, passwords=passwords, run_as=run_as)
+        options = (f"-p {port} -k {cluster.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                   "-c full_page_writes=off -c max_connections=200")
+        try:
+            _run(run_as, [str(bindir / "pg_ctl"), "start", "-D", str(cluster.data_dir), "-w",
+                          "-t", str(START_TIMEOUT), "-l", str(cluster.log_file), "-o", options],
+                 timeout=START_TIMEOUT + 10)
+        except RuntimeError as exc:
+            log = cluster.log_file.read_text(errors="replace") if cluster.log_file.exists() else ""
+            last = RuntimeError(f"{exc}\n{log}")
+            if "already in use" not in log:
+                break
+            continue
+        from psycopg import sql
+
+        cluster.admin(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(OWNER), sql.Literal(passwords[OWNER])))
+        cluster.admin(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(DATABASE), sql.Identifier(OWNER)),
+                      sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(DATABASE)))
+        return cluster
+    shutil.rmtree(root, ignore_errors=True)
+    raise last or RuntimeError("could not start PostgreSQL")
+
+
+def _stop(cluster: PgCluster) -> None:
+    try:
+        _run(cluster.run_as, [str(cluster.bindir / "pg_ctl"), "stop", "-D", str(cluster.data_dir), "-m", "fast",
+                              "-w", "-t", str(STOP_TIMEOUT)], timeout=STOP_TIMEOUT + 10)
+    finally:
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """A running PostgreSQL cluster for this session (skips without PostgreSQL, fails in CI)."""
+    skip_or_fail = pytest.fail if os.environ.get("CI") == "true" else pytest.skip
+    bindir = find_bindir()
+    if bindir is None:
+        skip_or_fail("PostgreSQL is not installed (no pg_config --bindir, no /usr/lib/postgresql/*/bin with "
+                     "initdb, pg_ctl and postgres); scripts/run-tests.sh installs it with apt-get as root")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        skip_or_fail("psycopg is not installed: pip install -e '.[test]'")
+    cluster = _start(bindir, _unprivileged_user())
+    try:
+        yield cluster
+    finally:
+        _stop(cluster)
+
+
+@pytest.fixture
+def pg_database(pg_cluster: PgCluster) -> Iterator[str]:
+    """A fresh, empty database owned by ``keymem_owner`` for one test; its owner URL. Dropped after."""
+    name = pg_cluster.create_database()
+    try:
+        yield pg_cluster.url_for(OWNER, name)
+    finally:
+        pg_cluster.drop_database(name)
