@@ -24,7 +24,15 @@ from typing import Any, Final, Literal, TypeVar
 import numpy as np
 
 from keymem_daemon.engine.keys import KeyInfo, MemberState
-from keymem_daemon.engine.ports import KeyRow, MemoryRow, StoreCounts
+from keymem_daemon.engine.ports import (
+    ActivityEntry,
+    ActivityRow,
+    Alias,
+    KeyRow,
+    MemoryFilter,
+    MemoryRow,
+    StoreCounts,
+)
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import StoreError
@@ -154,14 +162,13 @@ class Tables:
     idempotency: dict[str, tuple[str, float, str | None]] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
     fts: dict[int, tuple[str, str]] = field(default_factory=dict)  # memory rowid -> token columns
-    last_rowid: int = 0
-    last_key_rowid: int = 0
+    activity: dict[int, ActivityEntry] = field(default_factory=dict)  # by id, oldest first
 
     def copy(self) -> Tables:
         return Tables(memories=dict(self.memories), keys=dict(self.keys), aliases=dict(self.aliases),
                       candidates=dict(self.candidates), links=dict(self.links), relations=set(self.relations),
                       idempotency=dict(self.idempotency), meta=dict(self.meta), fts=dict(self.fts),
-                      last_rowid=self.last_rowid, last_key_rowid=self.last_key_rowid)
+                      activity=dict(self.activity))
 
 
 @dataclass(slots=True)
@@ -398,6 +405,56 @@ class InMemoryReader:
                 out.append((m.content, [self._tables.keys[k].row.concept for k, _, _ in self._links_of_memory(mid)]))
         return out[:limit]
 
+    # -- InspectReads ---------------------------------------------------------------------
+
+    def newest_memories(self, where: MemoryFilter, *, now: float, limit: int) -> list[Memory]:
+        def keeps(m: Memory) -> bool:
+            source = m.source or {}
+            return all(want is None or have == want for have, want in (
+                (m.namespace, where.namespace), (m.decay_profile, where.decay_profile),
+                (source.get("host_agent"), where.agent), (source.get("host_session"), where.session))) \
+                and (where.since is None or m.created_at >= where.since) \
+                and (where.until is None or m.created_at <= where.until) \
+                and (where.key_id is None or (where.key_id, m.id) in self._tables.links)
+
+        return sorted((m for m in self._active(now) if keeps(m)), key=lambda m: -m.created_at)[:limit]
+
+    def strongest_links(self, memory_ids: Sequence[str], *, per_memory: int | None = None
+                        ) -> dict[str, list[tuple[str, float]]]:
+        out: dict[str, list[tuple[str, float]]] = {}
+        for mid in dict.fromkeys(memory_ids):
+            links = [(kid, w) for kid, w, _ in self.links_of(mid)]
+            if per_memory is not None or links:
+                out[mid] = links[:per_memory]
+        return out
+
+    def aliases_of(self, key_id: str) -> list[Alias]:
+        aliases = sorted(self._aliases_of(key_id), key=lambda a: a.learned)
+        return [Alias(a.alias, a.learned, a.hits) for a in aliases]
+
+    def co_occurring_keys(self, key_id: str, *, sample: int, limit: int) -> list[tuple[str, int]]:
+        counts: dict[str, int] = {}
+        for mid, _, _ in self._links_of_key(key_id)[:sample]:
+            for kid, _, _ in self._links_of_memory(mid):
+                if kid != key_id:
+                    counts[kid] = counts.get(kid, 0) + 1
+        return sorted(counts.items(), key=lambda c: -c[1])[:limit]
+
+    def strongest_members(self, key_id: str, *, now: float, limit: int) -> list[Memory]:
+        members = [(w, self._tables.memories[mid].memory) for mid, w, _ in self._links_of_key(key_id)]
+        live = [(w, m) for w, m in members if m.active(now)]
+        return [m for _, m in sorted(live, key=lambda wm: (-wm[0], -wm[1].depth))][:limit]
+
+    def activity_entries(self, *, after: int = 0, before: int | None = None, kind: str | None = None,
+                         memory_id: str | None = None, limit: int) -> list[ActivityEntry]:
+        entries = [e for e in reversed(self._tables.activity.values()) if e.id > after
+                   and (before is None or e.id < before) and (kind is None or e.kind == kind)
+                   and (memory_id is None or e.memory_id == memory_id)]
+        return entries[:limit]
+
+    def latest_activity_id(self) -> int:
+        return max(self._tables.activity, default=0)
+
 
 _HANGUL_SYLLABLE: Final = re.compile("[가-힣]")
 
@@ -422,7 +479,8 @@ class InMemoryWriter(InMemoryReader):
     def insert_memory(self, row: MemoryRow) -> None:
         if row.id in self._tables.memories:
             raise StoreError("the store refused the write: UNIQUE constraint failed: memories.id")
-        self._tables.last_rowid += 1
+        # INTEGER PRIMARY KEY, as in SQLite: one past the largest row id in the table.
+        rowid = max((m.memory.rowid for m in self._tables.memories.values()), default=0) + 1
         source = _json_copy(row.source)
         memory = Memory(
             id=row.id, content=row.content, namespace=row.namespace, depth=0.0, access_count=0,
@@ -430,7 +488,7 @@ class InMemoryWriter(InMemoryReader):
             last_confirmed_at=row.at, confirmation_count=1, decay_profile=row.decay_profile,  # type: ignore[arg-type]
             last_confirmation_evidence="user", last_confirmation_source=source, last_confirmation_id=None,
             expires_at=row.expires_at, supersedes=row.supersedes, superseded_by=None, source=_json_copy(row.source),
-            rowid=self._tables.last_rowid)
+            rowid=rowid)
         self._tables.memories[row.id] = StoredMemory(memory, row.dedup_hash, row.vector)
 
     def fold_into_twin(self, memory_id: str, *, now: float, source: Mapping[str, Any],
@@ -512,8 +570,8 @@ class InMemoryWriter(InMemoryReader):
     def insert_key(self, row: KeyRow) -> None:
         if row.id in self._tables.keys:
             raise StoreError("the store refused the write: UNIQUE constraint failed: keys.id")
-        self._tables.last_key_rowid += 1
-        self._tables.keys[row.id] = StoredKey(row, self._tables.last_key_rowid)
+        rowid = max((k.rowid for k in self._tables.keys.values()), default=0) + 1
+        self._tables.keys[row.id] = StoredKey(row, rowid)
 
     def _change_key(self, key_id: str, **changes: Any) -> None:
         stored = self._tables.keys.get(key_id)
@@ -625,6 +683,22 @@ class InMemoryWriter(InMemoryReader):
     def set_link_weight(self, key_id: str, memory_id: str, weight: float) -> None:
         if (key_id, memory_id) in self._tables.links:
             self._tables.links[key_id, memory_id] = (float(weight), self._tables.links[key_id, memory_id][1])
+
+    # -- InspectWrites --------------------------------------------------------------------
+
+    def add_activity(self, rows: Sequence[ActivityRow], *, keep: int) -> None:
+        log = self._tables.activity
+        for row in rows:
+            entry_id = max(log, default=0) + 1
+            log[entry_id] = ActivityEntry(entry_id, row.at, row.kind, row.memory_id, row.summary,
+                                          json.loads(row.detail_json))
+        newest = max(log, default=0)
+        self._tables.activity = {i: e for i, e in log.items() if i > newest - keep}
+
+    def prune_activity(self, *, before: float) -> int:
+        log = self._tables.activity
+        self._tables.activity = {i: e for i, e in log.items() if e.at >= before}
+        return len(log) - len(self._tables.activity)
 
 
 class InMemoryRepository:

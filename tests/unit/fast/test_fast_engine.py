@@ -15,11 +15,12 @@ import pytest
 from engine_helpers import DAY, FakeClock, Tools, open_graph
 from fakes import InMemoryRepository
 
+from keymem_daemon.activity_log import ActivityLog
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import graph as graph_module
 from keymem_daemon.engine import push
 from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.ports import Reader
+from keymem_daemon.engine.ports import MemoryFilter, Reader
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.inference.embedders import Embedder
@@ -268,13 +269,43 @@ def session(graph: MemoryGraph, clock: FakeClock) -> list[Any]:
     call("forget", {"memory_id": batch["items"][0]["saved"]})
     call("related", {"memory_id": cert["saved"]})
     call("correct", {"memory_id": deploy["saved"], "content": "again"})
+    newest = call("remember", {"content": "A note written and taken back", "keys": ["note"]})
+    call("forget", {"memory_id": newest["saved"]})
+    call("remember", {"content": "The note that stayed", "keys": ["note", "editor"]})
     clock.advance(2 * 3600)
     call("cleanup_expired")
     call("browse_keys")
     call("list_memories", {"namespace": "home"})
     out.append(observable(tools))
     out.append(graph.store.integrity_check())
+    out.append(inspected(graph, clock, staging))
     return out
+
+
+def inspected(graph: MemoryGraph, clock: FakeClock, key_id: str) -> Any:
+    """What the inspector and the activity log read of the store (through the ports)."""
+    log = ActivityLog(graph.store, (3, 1.0), clock=clock)
+    try:
+        for i in range(5):
+            log.record("remember", f"entry {i}", {"i": i}, memory_id="m" if i % 2 else None)
+        log.flush()
+        clock.advance(DAY / 2)
+        log.record("forget", "late", {})
+        log.flush()
+        clock.advance(DAY * 0.75)
+        pages = [log.page(), log.page(kind="remember", limit=1), log.page(memory_id="m"), log.prune(), log.page()]
+    finally:
+        log.close()
+
+    def read(r: Reader) -> Any:
+        newest = r.newest_memories(MemoryFilter(), now=clock.now, limit=10)
+        ids = [m.id for m in newest]
+        return (newest, r.newest_memories(MemoryFilter(namespace="home"), now=clock.now, limit=10),
+                r.newest_memories(MemoryFilter(key_id=key_id), now=clock.now, limit=10),
+                r.strongest_links(ids), r.strongest_links(ids, per_memory=1), r.aliases_of(key_id),
+                r.co_occurring_keys(key_id, sample=10, limit=5), r.strongest_members(key_id, now=clock.now, limit=5))
+
+    return pages, graph.store.read(read)
 
 
 def test_the_engine_gives_the_same_answers_on_sqlite_and_in_memory(
