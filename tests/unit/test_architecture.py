@@ -49,9 +49,6 @@ ALLOWED_CYCLES: Final[frozenset[frozenset[str]]] = frozenset(
 ALLOWED_ENGINE_STORAGE_IMPORTS: Final[frozenset[tuple[str, str]]] = frozenset(
     {
         ("keymem_daemon.engine.graph", "keymem_daemon.store.sqlite.database"),
-        ("keymem_daemon.engine.graph", "keymem_daemon.store.sqlite.memories"),
-        ("keymem_daemon.engine.graph", "keymem_daemon.store.sqlite.rows"),
-        ("keymem_daemon.engine.graph", "sqlite3"),
         ("keymem_daemon.engine.push", "sqlite3"),
         ("keymem_daemon.engine.retrieval", "keymem_daemon.store.sqlite.memories"),
         ("keymem_daemon.engine.retrieval", "keymem_daemon.store.sqlite.rows"),
@@ -64,14 +61,11 @@ ALLOWED_ENGINE_STORAGE_IMPORTS: Final[frozenset[tuple[str, str]]] = frozenset(
 
 ALLOWED_SQL_OUTSIDE_STORE: Final[frozenset[str]] = frozenset(
     {
-        "keymem_daemon.activity_log",
         "keymem_daemon.backups",
-        "keymem_daemon.engine.graph",
         "keymem_daemon.engine.push",
         "keymem_daemon.engine.retrieval",
         "keymem_daemon.engine.transfer",
         "keymem_daemon.service",
-        "keymem_daemon.ui.data",
     }
 )
 """Modules outside ``keymem_daemon/store/`` that hold SQL."""
@@ -81,8 +75,6 @@ ALLOWED_PRIVATE_REACHES: Final[frozenset[tuple[str, str]]] = frozenset(
         ("keymem_daemon.cli_inspect", "_client"),
         ("keymem_daemon.cli_inspect", "_daemon_error"),
         ("keymem_daemon.cli_inspect", "_ready_daemon"),
-        ("keymem_daemon.engine.graph", "_MEMORY_COLUMNS"),
-        ("keymem_daemon.ui.data", "_MEMORY_COLUMNS"),
     }
 )
 """``(module, private name)``: a module using a ``_name`` another module defines."""

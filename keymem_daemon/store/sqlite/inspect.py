@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Alias, MemoryFilter
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.sqlite.memories import _MEMORY_COLUMNS, ACTIVE, memory_from_row
+from keymem_daemon.store.sqlite.memories import ACTIVE, MEMORY_COLUMNS, memory_from_row
 from keymem_daemon.store.sqlite.rows import rows_in
 
 
@@ -37,7 +37,7 @@ class InspectRows:
         if where.key_id is not None:
             join = "JOIN links fk ON fk.memory_id = m.id AND fk.key_id = ?"
             params.insert(0, where.key_id)  # type: ignore[arg-type]
-        sql = (f"SELECT {_MEMORY_COLUMNS} FROM memories m {join} WHERE {' AND '.join(clauses)} "
+        sql = (f"SELECT {MEMORY_COLUMNS} FROM memories m {join} WHERE {' AND '.join(clauses)} "
                "ORDER BY m.created_at DESC LIMIT ?")
         return [memory_from_row(r) for r in self._conn.execute(sql, [*params, limit])]
 
@@ -72,7 +72,7 @@ class InspectRows:
     def strongest_members(self, key_id: str, *, now: float, limit: int) -> list[Memory]:
         """A key's active memories by link weight (then depth), at most ``limit``."""
         return [memory_from_row(r) for r in self._conn.execute(
-            f"SELECT {_MEMORY_COLUMNS} FROM links l JOIN memories m ON m.id = l.memory_id "
+            f"SELECT {MEMORY_COLUMNS} FROM links l JOIN memories m ON m.id = l.memory_id "
             f"WHERE l.key_id = ? AND {ACTIVE} ORDER BY l.weight DESC, m.depth DESC LIMIT ?",
             (key_id, now, limit))]
 

@@ -12,7 +12,7 @@ from keymem_daemon.engine.ports import MemoryRow, StoreCounts
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.store.sqlite.rows import rows_in
 
-_MEMORY_COLUMNS: Final = (
+MEMORY_COLUMNS: Final = (
     "rowid, id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, "
     "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
     "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
@@ -54,13 +54,13 @@ def memory_from_row(row: sqlite3.Row) -> Memory:
 
 
 def get_memory(conn: sqlite3.Connection, memory_id: str) -> Memory | None:
-    row = conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
+    row = conn.execute(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
     return None if row is None else memory_from_row(row)
 
 
 def get_memories(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Memory]:
     return {row["id"]: memory_from_row(row) for row in rows_in(
-        conn, f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({{marks}})", list(dict.fromkeys(ids)))}
+        conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id IN ({{marks}})", list(dict.fromkeys(ids)))}
 
 
 
@@ -117,13 +117,13 @@ class MemoryRows:
             where += " AND m.namespace = ?"
             params.append(namespace)  # type: ignore[arg-type]
         total = int(self._conn.execute(f"SELECT COUNT(*) FROM memories m {where}", params).fetchone()[0])
-        rows = self._conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories m {where} ORDER BY m.rowid "
+        rows = self._conn.execute(f"SELECT {MEMORY_COLUMNS} FROM memories m {where} ORDER BY m.rowid "
                                   f"LIMIT ? OFFSET ?", [*params, limit, offset]).fetchall()
         return total, [memory_from_row(r) for r in rows]
 
     def expired_memories(self, now: float) -> list[Memory]:
         return [memory_from_row(r) for r in self._conn.execute(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE expires_at IS NOT NULL AND expires_at < ?", (now,))]
+            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE expires_at IS NOT NULL AND expires_at < ?", (now,))]
 
     def batch_siblings(self, batch_id: str, memory: Memory, now: float) -> list[str]:
         return [r[0] for r in self._conn.execute(
