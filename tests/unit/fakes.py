@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import pickle
 import re
 import threading
@@ -37,6 +38,7 @@ from keymem_daemon.engine.records import Memory
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import StoreError
 from keymem_daemon.inference.embedders import ThresholdProfile, Vectors, l2_normalize
+from keymem_daemon.store.sqlite.database import MIGRATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +104,40 @@ class HashingEmbedder:
 
 # -- an in-memory repository -------------------------------------------------------------------
 
+# A memory's fields as an export lists them and an import writes them (store/sqlite/transfer.py).
+_MEMORY_FIELDS: Final = (
+    "id", "content", "namespace", "depth", "access_count", "created_at", "updated_at", "last_accessed",
+    "observed_at", "last_confirmed_at", "confirmation_count", "decay_profile", "last_confirmation_evidence",
+    "last_confirmation_source", "last_confirmation_id", "expires_at", "supersedes", "superseded_by", "source",
+)
+# What the SQLite schema's CHECK constraints allow.
+_KEY_TYPES: Final = frozenset({"concept", "name", "proper_noun"})
+_DECAY_PROFILES: Final = frozenset({"transient", "standard", "stable", "permanent"})
+# The lexical index's BM25 as SQLite FTS5 computes it (fts5_aux.c): its k1 and b, the floor of
+# a term's idf (a term in over half the rows), and the column weights store/sqlite/search.py
+# passes to bm25() for (content_tokens, key_tokens).
+_BM25_K1: Final = 1.2
+_BM25_B: Final = 0.75
+_BM25_MIN_IDF: Final = 1e-6
+_LEXICAL_WEIGHTS: Final = (1.0, 0.6)
+# An export of this store records the schema of the SQLite store (its migrations, all
+# applied), so an export moves between the two.
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
 # The lexical index's cut of a column, as FTS5's ``unicode61 remove_diacritics 0``: runs of
 # letters and digits, lower-cased.
 def _fts_tokens(text: str) -> list[str]:
     return [t.lower() for t in _WORD.findall(text)]
+
+
+Scope = frozenset[str] | None
+
+
+def _occurrences(phrase: Sequence[str], column: Sequence[str]) -> int:
+    """How often ``phrase`` (consecutive tokens) occurs in ``column``."""
+    n = len(phrase)
+    return sum(1 for i in range(len(column) - n + 1) if list(column[i:i + n]) == list(phrase))
 
 
 def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -405,6 +437,117 @@ class InMemoryReader:
                 out.append((m.content, [self._tables.keys[k].row.concept for k, _, _ in self._links_of_memory(mid)]))
         return out[:limit]
 
+    # -- SearchReads ----------------------------------------------------------------------
+
+    def _live(self, memory_id: str, now: float, scope: Scope) -> Memory | None:
+        stored = self._tables.memories.get(memory_id)
+        if stored is None or not stored.memory.active(now):
+            return None
+        return stored.memory if scope is None or stored.memory.namespace in scope else None
+
+    def lexical_hits(self, tokens: Sequence[str], scope: Scope, now: float, limit: int
+                     ) -> list[tuple[str, float]]:
+        """FTS5's ``bm25()`` over the whole index, the distinct tokens ORed (each a phrase):
+        the best ``limit`` active memories in scope, as (id, score >= 0)."""
+        phrases = [p for p in (_fts_tokens(t) for t in dict.fromkeys(tokens) if t) if p]
+        if not phrases or not self._tables.fts:
+            return []
+        columns = {rowid: (_fts_tokens(content), _fts_tokens(keys)) for rowid, (content, keys) in
+                   self._tables.fts.items()}
+        avgdl = sum(len(c) + len(k) for c, k in columns.values()) / len(columns)
+        freqs = {rowid: [sum(w * _occurrences(p, col) for w, col in zip(_LEXICAL_WEIGHTS, cols, strict=True))
+                         for p in phrases] for rowid, cols in columns.items()}
+        idf = []
+        for i in range(len(phrases)):
+            hits = sum(1 for f in freqs.values() if f[i] > 0)
+            value = math.log((len(columns) - hits + 0.5) / (hits + 0.5))
+            idf.append(value if value > 0 else _BM25_MIN_IDF)
+        by_rowid = {m.memory.rowid: m.memory.id for m in self._tables.memories.values()}
+        scored = []
+        for rowid, f in freqs.items():
+            mid = by_rowid.get(rowid)
+            if not any(f) or mid is None or self._live(mid, now, scope) is None:
+                continue
+            norm = _BM25_K1 * (1 - _BM25_B + _BM25_B * sum(len(c) for c in columns[rowid]) / avgdl)
+            scored.append((sum(idf[i] * f[i] * (_BM25_K1 + 1.0) / (f[i] + norm) for i in range(len(phrases))),
+                           rowid, mid))
+        scored.sort(key=lambda s: (-s[0], s[1]))
+        return [(mid, score) for score, _, mid in scored[:limit]]
+
+    def indexed_tokens(self, memory_ids: Iterable[str]) -> dict[str, tuple[list[str], list[str]]]:
+        out = {}
+        for mid in dict.fromkeys(memory_ids):
+            stored = self._tables.memories.get(mid)
+            row = None if stored is None else self._tables.fts.get(stored.memory.rowid)
+            if row is not None:
+                out[mid] = (row[0].split(), row[1].split())
+        return out
+
+    def key_members(self, key_ids: Sequence[str], scope: Scope, now: float, per_key: int
+                    ) -> dict[str, list[tuple[str, float]]]:
+        return {kid: sorted(((mid, w) for mid, w, _ in self._links_of_key(kid)
+                             if self._live(mid, now, scope) is not None), key=lambda m: -m[1])[:per_key]
+                for kid in key_ids}
+
+    def key_links(self, key_id: str, *, among: Sequence[str] | None = None, strongest: int | None = None
+                  ) -> list[tuple[str, float]]:
+        links = [(mid, w) for mid, w, _ in self._links_of_key(key_id)]
+        if among is not None:
+            wanted = set(among)
+            return [link for link in links if link[0] in wanted]
+        if strongest is not None:
+            return sorted(links, key=lambda link: -link[1])[:strongest]
+        return links
+
+    def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
+        out: dict[str, dict[str, tuple[float, bool]]] = {}
+        for mid in dict.fromkeys(memory_ids):
+            for kid, w, auto in self._links_of_memory(mid):
+                out.setdefault(mid, {})[kid] = (w, auto)
+        return out
+
+    def observed_between(self, start: float, end: float, scope: Scope, now: float, limit: int) -> list[str]:
+        inside = [m for m in (self._live(mid, now, scope) for mid in self._tables.memories)
+                  if m is not None and start <= m.when < end]
+        return [m.id for m in sorted(inside, key=lambda m: -m.when)[:limit]]
+
+    def related_either_way(self, memory_id: str) -> list[str]:
+        return list(dict.fromkeys(self.explicit_neighbours(memory_id)))
+
+    # -- TransferReads --------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    def export_rows(self, *, include_vectors: bool) -> dict[str, list[dict[str, Any]]]:
+        t = self._tables
+        aliases: dict[str, list[dict[str, Any]]] = {}
+        for (kid, _), a in sorted(t.aliases.items()):
+            aliases.setdefault(kid, []).append(
+                {"alias": a.alias, "learned": a.learned, "added_at": a.added_at, "hits": a.hits})
+        keys = []
+        for kid, k in sorted(t.keys.items()):
+            item: dict[str, Any] = {"id": kid, "concept": k.row.concept, "key_type": k.row.key_type,
+                                    "created_at": k.row.created_at, "aliases": aliases.get(kid, [])}
+            if include_vectors:
+                item["vector"] = k.row.vector
+            keys.append(item)
+        memories = []
+        for _, stored in sorted(t.memories.items()):
+            item = {name: getattr(stored.memory, name) for name in _MEMORY_FIELDS}
+            if include_vectors:
+                item["vector"] = stored.vector
+            memories.append(item)
+        return {
+            "keys": keys,
+            "memories": memories,
+            "links": [{"key_id": kid, "memory_id": mid, "weight": w, "auto": auto}
+                      for (kid, mid), (w, auto) in sorted(t.links.items())],
+            "relations": [{"from": a, "to": b} for a, b in sorted(t.relations)],
+            "alias_candidates": [{"key_id": kid, "query_text": c.query_text, "count": c.count,
+                                  "last_seen": c.last_seen} for (kid, _), c in sorted(t.candidates.items())],
+        }
+
     # -- InspectReads ---------------------------------------------------------------------
 
     def newest_memories(self, where: MemoryFilter, *, now: float, limit: int) -> list[Memory]:
@@ -479,8 +622,6 @@ class InMemoryWriter(InMemoryReader):
     def insert_memory(self, row: MemoryRow) -> None:
         if row.id in self._tables.memories:
             raise StoreError("the store refused the write: UNIQUE constraint failed: memories.id")
-        # INTEGER PRIMARY KEY, as in SQLite: one past the largest row id in the table.
-        rowid = max((m.memory.rowid for m in self._tables.memories.values()), default=0) + 1
         source = _json_copy(row.source)
         memory = Memory(
             id=row.id, content=row.content, namespace=row.namespace, depth=0.0, access_count=0,
@@ -488,8 +629,12 @@ class InMemoryWriter(InMemoryReader):
             last_confirmed_at=row.at, confirmation_count=1, decay_profile=row.decay_profile,  # type: ignore[arg-type]
             last_confirmation_evidence="user", last_confirmation_source=source, last_confirmation_id=None,
             expires_at=row.expires_at, supersedes=row.supersedes, superseded_by=None, source=_json_copy(row.source),
-            rowid=rowid)
+            rowid=self._next_memory_rowid())
         self._tables.memories[row.id] = StoredMemory(memory, row.dedup_hash, row.vector)
+
+    def _next_memory_rowid(self) -> int:
+        """INTEGER PRIMARY KEY, as in SQLite: one past the largest row id in the table."""
+        return max((m.memory.rowid for m in self._tables.memories.values()), default=0) + 1
 
     def fold_into_twin(self, memory_id: str, *, now: float, source: Mapping[str, Any],
                        expires_at: float | None) -> None:
@@ -683,6 +828,87 @@ class InMemoryWriter(InMemoryReader):
     def set_link_weight(self, key_id: str, memory_id: str, weight: float) -> None:
         if (key_id, memory_id) in self._tables.links:
             self._tables.links[key_id, memory_id] = (float(weight), self._tables.links[key_id, memory_id][1])
+
+    # -- SearchWrites ---------------------------------------------------------------------
+
+    def mark_accessed(self, memory_ids: Iterable[str], now: float) -> None:
+        for mid in memory_ids:
+            if mid in self._tables.memories:
+                self.count_access(mid, now)
+
+    def bump_links(self, bumps: Sequence[tuple[float, str, str]], *, ceiling: float) -> None:
+        for amount, kid, mid in bumps:
+            link = self._tables.links.get((kid, mid))
+            if link is not None:
+                self._tables.links[kid, mid] = (min(float(ceiling), link[0] + amount), link[1])
+
+    def decay_links(self, key_ids: Iterable[str], sparing: Iterable[str], by: float, *, floor: float) -> None:
+        keys, spared, links = set(key_ids), set(sparing), self._tables.links
+        for (kid, mid), (w, auto) in list(links.items()):
+            if kid in keys and mid not in spared:
+                links[kid, mid] = (max(float(floor), w - by), auto)
+
+    # -- TransferWrites: a row the schema refuses raises ValueError --------------------------
+
+    def key_named(self, key_id: str, norm: str) -> str | None:
+        if key_id in self._tables.keys:
+            return key_id
+        return next((k.row.id for k in sorted(self._tables.keys.values(), key=lambda k: k.row.id)
+                     if k.row.norm == norm), None)
+
+    def import_key(self, key_id: str, concept: str, norm: str, compact: str, key_type: str, vector: bytes,
+                   created_at: float) -> None:
+        if key_type not in _KEY_TYPES:
+            raise ValueError("CHECK constraint failed: key_type IN ('concept', 'name', 'proper_noun')")
+        try:
+            self.insert_key(KeyRow(key_id, concept, norm, compact, key_type, vector, created_at))
+        except StoreError as exc:
+            raise ValueError("UNIQUE constraint failed: keys.id") from exc
+
+    def import_alias(self, key_id: str, alias: str, norm: str, compact: str, *, learned: bool, added_at: float,
+                     hits: int) -> None:
+        self._require("keys", key_id)
+        self._tables.aliases.setdefault((key_id, norm), StoredAlias(alias, compact, learned, added_at, hits))
+
+    def import_memory(self, fields: Mapping[str, Any], dedup_hash: str, vector: bytes) -> None:
+        values = {name: fields[name] for name in _MEMORY_FIELDS}
+        if values["id"] in self._tables.memories:
+            raise ValueError("UNIQUE constraint failed: memories.id")
+        if values["decay_profile"] not in _DECAY_PROFILES:
+            raise ValueError("CHECK constraint failed: decay_profile")
+        for name in ("source", "last_confirmation_source"):
+            values[name] = None if values[name] is None else _json_copy(values[name])
+        memory = Memory(**values, rowid=self._next_memory_rowid())
+        self._tables.memories[memory.id] = StoredMemory(memory, dedup_hash, vector)
+
+    def import_link(self, key_id: str, memory_id: str, weight: float, *, auto: bool) -> int:
+        self._require("keys", key_id)
+        self._require("memories", memory_id)
+        if (key_id, memory_id) in self._tables.links:
+            return 0
+        self._tables.links[key_id, memory_id] = (float(weight), bool(auto))
+        return 1
+
+    def import_relation(self, from_id: str, to_id: str) -> int:
+        self._require("memories", from_id)
+        self._require("memories", to_id)
+        if (from_id, to_id) in self._tables.relations:
+            return 0
+        self._tables.relations.add((from_id, to_id))
+        return 1
+
+    def import_alias_candidate(self, key_id: str, norm: str, query_text: str, count: int, last_seen: float) -> None:
+        self._require("keys", key_id)
+        self._tables.candidates.setdefault((key_id, norm), Candidate(query_text, count, last_seen))
+
+    def drop_dangling_supersessions(self) -> None:
+        for mid, stored in list(self._tables.memories.items()):
+            if stored.memory.superseded_by is not None and stored.memory.superseded_by not in self._tables.memories:
+                self._change(mid, superseded_by=None)
+
+    def _require(self, table: Literal["keys", "memories"], row_id: str) -> None:
+        if row_id not in (self._tables.keys if table == "keys" else self._tables.memories):
+            raise ValueError("FOREIGN KEY constraint failed")
 
     # -- InspectWrites --------------------------------------------------------------------
 
