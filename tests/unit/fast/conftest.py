@@ -1,7 +1,7 @@
 """The fast tier: the engine's logic on a deterministic embedder (``fakes.HashingEmbedder``)
 instead of the real model, over both repositories: a real SQLite file under ``tmp_path`` and
 the in-memory ``fakes.InMemoryRepository``. The fixtures of ``tests/unit/conftest.py``
-(``tools``, ``clock``, the real ``analyzer`` ...) are reused; ``embedder`` is replaced and
+(``tools``, ``clock`` ...) are reused; ``embedder`` and ``analyzer`` are replaced and
 ``graph`` runs each test once per repository. Run the tier with ``pytest -m fast``; each
 module here marks itself ``fast``."""
 
@@ -24,6 +24,13 @@ from keymem_daemon.inference.embedders import Embedder
 def embedder() -> Embedder:
     """The deterministic embedder, in place of the session's real one."""
     return HashingEmbedder()
+
+
+@pytest.fixture(scope="session")
+def analyzer() -> Analyzer:
+    """The real analyser, Kiwi not preloaded: it loads (~2-4 s) on the first Hangul text, and
+    the fast tier's texts are English."""
+    return Analyzer()
 
 
 @pytest.fixture(params=["sqlite", "memory"])
