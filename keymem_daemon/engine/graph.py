@@ -78,7 +78,24 @@ class MemoryGraph(Maintenance):
         reranker: Any = None,
         progress: Callable[[str, int, int], None] | None = None,
     ) -> MemoryGraph:
-        store = _open_sqlite(path, settings)
+        return cls.over(_open_sqlite(path, settings), embedder, settings, clock=clock, analyzer=analyzer,
+                        reranker=reranker, progress=progress)
+
+    @classmethod
+    def over(
+        cls,
+        store: Store,
+        embedder: Embedder,
+        settings: Settings,
+        *,
+        clock: Clock = time.time,
+        analyzer: Analyzer | None = None,
+        reranker: Any = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> MemoryGraph:
+        """The engine over an opened store (``open``'s SQLite file, or any ``ports.Repository``
+        such as the fast test tier's in-memory one), once its embedding space, vocabulary,
+        keys and in-memory indexes are checked and loaded; the store is closed if that fails."""
         try:
             graph = cls(store, embedder, settings, clock=clock, analyzer=analyzer, reranker=reranker)
             graph.ensure_embedding_space(progress)
