@@ -48,7 +48,6 @@ _HTTP_CODES: Final = {
 }
 
 
-
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for error in exc.errors():
