@@ -372,6 +372,16 @@ def test_each_allowed_set_lists_only_todays_offenders() -> None:
     assert not stale, f"remove these entries, they no longer offend: {stale}"
 
 
+def test_every_package_directory_is_installed() -> None:
+    """A package left out of pyproject.toml's list works from a checkout and is missing from
+    every installed copy (the plugin's venv, a wheel)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {name for name, module in modules().items() if module.is_package}
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
 # -- the checks check what they say ------------------------------------------------------------
 
 
