@@ -214,3 +214,43 @@ def test_a_role_reads_and_writes_only_what_it_was_granted_through_the_repository
     finally:
         reader.close()
     assert repository.read(lambda r: r.memory("m-new")) is None
+
+
+def test_many_concurrent_writers_on_two_daemons_store_every_memory_once_under_one_shared_key(
+        pg_database: str) -> None:
+    repos = [PostgresRepository.open(pg_database) for _ in range(2)]
+    threads_per_repo, writes_per_thread = 4, 25
+    failures: list[BaseException] = []
+
+    def remember(memory_id: str) -> Any:
+        def fn(w: PgWriter) -> None:
+            # Get or create the shared key, as the engine resolves a key by its text.
+            key = next((k for k, concept in w.keys_holding(["deploy"]) if concept == "deploy"), None)
+            if key is None:
+                key = f"k-{memory_id}"
+                w.insert_key(_key(key))
+            w.insert_memory(_memory(memory_id))
+            w.link(key, memory_id, 1.0, False)
+        return fn
+
+    def run(repo: PostgresRepository, prefix: str) -> None:
+        try:
+            for i in range(writes_per_thread):
+                repo.write(remember(f"{prefix}-{i}"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    try:
+        threads = [threading.Thread(target=run, args=(repo, f"r{r}t{t}"))
+                   for r, repo in enumerate(repos) for t in range(threads_per_repo)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RACE_TIMEOUT * 4)
+        counts = repos[0].read(lambda r: r.counts(200.0))
+    finally:
+        for repo in repos:
+            repo.close()
+    total = 2 * threads_per_repo * writes_per_thread
+    assert failures == []
+    assert (counts.keys, counts.links, counts.namespaces) == (1, total, {"proj": total})
