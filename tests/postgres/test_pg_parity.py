@@ -94,7 +94,7 @@ def _observe(r: Any) -> dict[str, Any]:
         "current": [r.is_current(m) for m in ("m1", "m2", "absent")],
         "twin": r.active_twin("proj", "h-deploy on mondays now", NOW), "predecessor": r.predecessor_of("m4"),
         "member": [r.member_state(m) for m in ("m1", "m2", "absent")],
-        "active": [r.count_active(ns, NOW) for ns in (None, "proj", "other")],
+        "active": [r.count_active(ns, NOW) for ns in (None, "proj", "other")], "rows": r.memory_rows(),
         "page": (lambda t: (t[0], [m.id for m in t[1]]))(r.active_page("proj", NOW, 5, 0)),
         "expired": [m.id for m in r.expired_memories(NOW)],
         "siblings": r.batch_siblings("b1", memories["m2"], NOW),

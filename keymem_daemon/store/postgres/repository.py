@@ -34,7 +34,6 @@ from psycopg import IsolationLevel, errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import describe_store_url
-from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import Conflict, Refused, StoreError
 from keymem_daemon.store.postgres import schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
@@ -84,8 +83,9 @@ class PgWriter(PgReader, PgInspectWriteRows):
 
 
 class PostgresRepository:
-    """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``): an ``engine.ports.Repository``
-    whose readers and writers implement every port declared so far."""
+    """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``). Its readers and writers
+    implement the memory, key, inspect and (writes of) search ports; retrieval's reads and
+    transfer are still to come, so it is not yet an ``engine.ports.Repository``."""
 
     def __init__(self, url: str, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         self.where = describe_store_url(url)
@@ -129,7 +129,7 @@ class PostgresRepository:
 
     # -- units of work ----------------------------------------------------------------------
 
-    def read(self, fn: Callable[[Reader], T]) -> T:
+    def read(self, fn: Callable[[PgReader], T]) -> T:
         """Run ``fn`` inside one read-only snapshot."""
         try:
             with self._pool.connection() as conn:
@@ -140,7 +140,7 @@ class PostgresRepository:
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
-    def write(self, fn: Callable[[Writer], T]) -> T:
+    def write(self, fn: Callable[[PgWriter], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
         refuses it for a concurrent write; then its ``after_commit`` callbacks, in order."""
         delay, attempt = RETRY_BACKOFF, 0
