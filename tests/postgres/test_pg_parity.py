@@ -81,6 +81,9 @@ def _script(w: Any) -> None:
     w.add_activity([ActivityRow(at=float(i), kind="remember" if i % 2 else "inject", memory_id="m2" if i % 3 else None,
                                 summary=f"entry {i}", detail_json=f'{{"i": {i}}}') for i in range(1, 8)], keep=5)
     w.prune_activity(before=3.5)
+    w.mark_accessed(["m2", "m4"], 304.0)
+    w.bump_links([(0.25, "k-deploy", "m4"), (5.0, "k-seoul", "m2")], ceiling=1.5)
+    w.decay_links(["k-deploy"], ["m4"], 0.1, floor=0.2)
 
 
 def _observe(r: Any) -> dict[str, Any]:
@@ -132,6 +135,17 @@ def _observe(r: Any) -> dict[str, Any]:
         "strongest_members": [m.id for m in r.strongest_members("k-deploy", now=NOW, limit=5)],
         "activity": [(e.at, e.kind, e.memory_id, e.summary, e.detail) for e in r.activity_entries(limit=10)]
                     + [(e.summary,) for e in r.activity_entries(kind="remember", memory_id="m2", limit=10)],
+        "lexical": [{m: float(f"{score:.9g}") for m, score in r.lexical_hits(tokens, scope, NOW, 10)}
+                    for tokens, scope in ((["deploy"], None), (["deploy", "서울", "noon"], None),
+                                          (["release", "monday"], frozenset({"proj"})), (["absent"], None),
+                                          (["deploy"], frozenset({"other"})), ([], None))],
+        "indexed_tokens": r.indexed_tokens(["m1", "m2", "m4", "absent"]),
+        "key_members": r.key_members(["k-deploy", "k-seoul", "absent"], frozenset({"proj"}), NOW, 5),
+        "key_links": (sorted(r.key_links("k-deploy")), sorted(r.key_links("k-deploy", among=["m2", "m4"])),
+                      r.key_links("k-deploy", strongest=1), r.key_links("k-deploy", among=[])),
+        "links_by_memory": r.links_by_memory(["m1", "m2", "absent"]),
+        "observed": [r.observed_between(0.0, 1e9, scope, NOW, 10) for scope in (None, frozenset({"proj"}))],
+        "either_way": sorted(r.related_either_way("m1")),
         "latest_activity": len(r.activity_entries(limit=100)) and r.latest_activity_id() > 0,
     }
 
@@ -170,6 +184,7 @@ def test_every_memory_and_key_operation_answers_as_on_sqlite(sqlite_store: Store
     assert {k: v for k, v in got.items() if v != expected[k]} == {}
     # Not vacuous: the script left something for each kind of read to find.
     assert all(got["newest"][i] for i in (0, 1, 2, 3, 5)) and got["activity"] and got["co_occurring"]
+    assert all(got["lexical"][i] for i in (0, 1, 2)) and got["key_members"]["k-deploy"]
     assert got["df"] and got["holding"] and got["stored"] and got["loanword"] and got["expired"]
     assert got_pruned == expected_pruned
     assert {k: v for k, v in got_after.items() if v != expected_after[k]} == {}

@@ -23,6 +23,8 @@ from keymem_daemon.engine.ports import (
     MemoryReads,
     MemoryRow,
     MemoryWrites,
+    SearchReads,
+    SearchWrites,
 )
 from keymem_daemon.errors import Refused
 from keymem_daemon.store.postgres.repository import PgReader, PgWriter, PostgresRepository
@@ -31,10 +33,10 @@ RACE_TIMEOUT = 60.0
 """Seconds two threads may take to meet at a barrier on a loaded machine (milliseconds)."""
 
 
-def _ports(reader: PgReader, writer: PgWriter
-           ) -> tuple[MemoryReads, KeyReads, InspectReads, MemoryWrites, KeyWrites, InspectWrites]:
+def _ports(reader: PgReader, writer: PgWriter) -> tuple[MemoryReads, KeyReads, SearchReads, InspectReads,
+                                                        MemoryWrites, KeyWrites, SearchWrites, InspectWrites]:
     # mypy checks here that the PostgreSQL reader and writer implement these ports.
-    return reader, reader, reader, writer, writer, writer
+    return reader, reader, reader, reader, writer, writer, writer, writer
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from keymem_daemon.store.postgres import schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.memories import PgMemoryRows
+from keymem_daemon.store.postgres.search import PgSearchRows, PgSearchWriteRows
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +67,14 @@ _RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, error
 
 
 @dataclass(slots=True)
-class PgReader(PgMemoryRows, PgKeyRows, PgInspectRows):
+class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgInspectRows):
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
 
 
 @dataclass(slots=True)
-class PgWriter(PgReader, PgInspectWriteRows):
+class PgWriter(PgReader, PgSearchWriteRows, PgInspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
@@ -84,8 +85,8 @@ class PgWriter(PgReader, PgInspectWriteRows):
 
 class PostgresRepository:
     """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``). Its readers and writers
-    implement the memory, key, inspect and (writes of) search ports; retrieval's reads and
-    transfer are still to come, so it is not yet an ``engine.ports.Repository``."""
+    implement the memory, key, search and inspect ports; transfer (export/import rows) is
+    still to come, so it is not yet an ``engine.ports.Repository``."""
 
     def __init__(self, url: str, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         self.where = describe_store_url(url)
