@@ -14,10 +14,10 @@ import pytest
 from daemon_helpers import wait_for
 from pg_cluster import PgCluster
 
-from keymem_daemon.engine.ports import MemoryRow
+from keymem_daemon.engine.ports import MemoryRow, Writer
 from keymem_daemon.errors import StoreError
 from keymem_daemon.store.postgres import repository as repository_module
-from keymem_daemon.store.postgres.repository import PgWriter, PostgresRepository
+from keymem_daemon.store.postgres.repository import PostgresRepository
 
 KILL_TIMEOUT = 30.0
 """Seconds for a SIGKILLed process to be reaped."""
@@ -30,8 +30,8 @@ def _memory(memory_id: str) -> MemoryRow:
                      observed_at=None, decay_profile="standard", source={}, expires_at=None, vector=b"\0" * 8)
 
 
-def _save(memory_id: str) -> Callable[[PgWriter], None]:
-    def fn(w: PgWriter) -> None:
+def _save(memory_id: str) -> Callable[[Writer], None]:
+    def fn(w: Writer) -> None:
         w.insert_memory(_memory(memory_id))
     return fn
 
@@ -77,8 +77,8 @@ def test_an_unreachable_server_is_named_when_the_store_opens(own_pg_cluster: PgC
 
 _KILLED_WRITER = """
 import sys, threading
-from keymem_daemon.engine.ports import MemoryRow
-from keymem_daemon.store.postgres.repository import PgWriter, PostgresRepository
+from keymem_daemon.engine.ports import MemoryRow, Writer
+from keymem_daemon.store.postgres.repository import PostgresRepository
 
 repo = PostgresRepository.open(sys.argv[1])
 

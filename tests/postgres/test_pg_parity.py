@@ -146,6 +146,7 @@ def _observe(r: Any) -> dict[str, Any]:
         "links_by_memory": r.links_by_memory(["m1", "m2", "absent"]),
         "observed": [r.observed_between(0.0, 1e9, scope, NOW, 10) for scope in (None, frozenset({"proj"}))],
         "either_way": sorted(r.related_either_way("m1")),
+        "export": r.export_rows(include_vectors=True), "schema": r.schema_version(),
         "latest_activity": len(r.activity_entries(limit=100)) and r.latest_activity_id() > 0,
     }
 
@@ -184,7 +185,54 @@ def test_every_memory_and_key_operation_answers_as_on_sqlite(sqlite_store: Store
     assert {k: v for k, v in got.items() if v != expected[k]} == {}
     # Not vacuous: the script left something for each kind of read to find.
     assert all(got["newest"][i] for i in (0, 1, 2, 3, 5)) and got["activity"] and got["co_occurring"]
+    assert got["export"]["memories"] and got["export"]["keys"][0]["aliases"] and got["schema"] > 0
     assert all(got["lexical"][i] for i in (0, 1, 2)) and got["key_members"]["k-deploy"]
     assert got["df"] and got["holding"] and got["stored"] and got["loanword"] and got["expired"]
     assert got_pruned == expected_pruned
     assert {k: v for k, v in got_after.items() if v != expected_after[k]} == {}
+
+
+def _import(rows: dict[str, list[dict[str, Any]]]) -> Any:
+    """An import of ``rows`` through the transfer writes (norms derived as the script made them)."""
+    def fn(w: Any) -> list[int]:
+        added = []
+        for key in rows["keys"]:
+            assert w.key_named(key["id"], key["concept"].lower()) is None
+            w.import_key(key["id"], key["concept"], key["concept"].lower(), key["concept"], key["key_type"],
+                         key["vector"], key["created_at"])
+            for alias in key["aliases"]:
+                w.import_alias(key["id"], alias["alias"], alias["alias"], alias["alias"], learned=alias["learned"],
+                               added_at=alias["added_at"], hits=alias["hits"])
+        for memory in rows["memories"]:
+            w.import_memory({k: v for k, v in memory.items() if k != "vector"}, f"h-{memory['content']}",
+                            memory["vector"])
+        for link in rows["links"] * 2:  # the second time, each is there already
+            added.append(w.import_link(link["key_id"], link["memory_id"], link["weight"], auto=link["auto"]))
+        for relation in rows["relations"] * 2:
+            added.append(w.import_relation(relation["from"], relation["to"]))
+        for candidate in rows["alias_candidates"]:
+            w.import_alias_candidate(candidate["key_id"], candidate["query_text"], candidate["query_text"],
+                                     candidate["count"], candidate["last_seen"])
+        w.drop_dangling_supersessions()
+        with pytest.raises(ValueError, match="(?i)unique|duplicate key"):  # each store says it its way
+            w.import_key(rows["keys"][0]["id"], "again", "again", "again", "concept", b"", 0.0)
+        assert w.key_named("no-such-id", rows["keys"][0]["concept"].lower()) == rows["keys"][0]["id"]
+        return added
+    return fn
+
+
+def test_an_export_imports_into_either_store_and_exports_the_same(tmp_path: Path, pg_database: str) -> None:
+    source = Store.open(tmp_path / "source.db")
+    target = Store.open(tmp_path / "target.db")
+    postgres = PostgresRepository.open(pg_database)
+    try:
+        source.write(_script)
+        rows = source.read(lambda r: r.export_rows(include_vectors=True))
+        assert target.write(_import(rows)) == postgres.write(_import(rows))
+        expected = target.read(lambda r: r.export_rows(include_vectors=True))
+        got = postgres.read(lambda r: r.export_rows(include_vectors=True))
+    finally:
+        postgres.close()
+        source.close()
+        target.close()
+    assert got == expected == rows
