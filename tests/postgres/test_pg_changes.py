@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from daemon_helpers import wait_for
 
-from keymem_daemon.engine.ports import MemoryRow
+from keymem_daemon.engine.ports import MemoryRow, Writer
 from keymem_daemon.store.postgres import changes
-from keymem_daemon.store.postgres.repository import PgWriter, PostgresRepository
+from keymem_daemon.store.postgres.repository import PostgresRepository
 
 ARRIVAL_TIMEOUT = 30.0
 """Seconds a change may take to reach a follower on a loaded machine (it takes milliseconds;
@@ -50,8 +50,8 @@ def repositories(pg_database: str) -> Iterator[tuple[PostgresRepository, Postgre
         second.close()
 
 
-def _save(memory_id: str) -> Callable[[PgWriter], None]:
-    def fn(w: PgWriter) -> None:
+def _save(memory_id: str) -> Callable[[Writer], None]:
+    def fn(w: Writer) -> None:
         w.insert_memory(MemoryRow(id=memory_id, content=f"note {memory_id}", dedup_hash=memory_id, namespace="proj",
                                   at=1.0, observed_at=None, decay_profile="standard", source={}, expires_at=None,
                                   vector=b"\0" * 8))

@@ -4,6 +4,9 @@ half-written stays, and the repository uses the server again by itself once it i
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -11,11 +14,13 @@ import pytest
 from daemon_helpers import wait_for
 from pg_cluster import PgCluster
 
-from keymem_daemon.engine.ports import MemoryRow
+from keymem_daemon.engine.ports import MemoryRow, Writer
 from keymem_daemon.errors import StoreError
 from keymem_daemon.store.postgres import repository as repository_module
-from keymem_daemon.store.postgres.repository import PgWriter, PostgresRepository
+from keymem_daemon.store.postgres.repository import PostgresRepository
 
+KILL_TIMEOUT = 30.0
+"""Seconds for a SIGKILLed process to be reaped."""
 RECOVERY_TIMEOUT = 60.0
 """Seconds for the repository to reach a restarted server (it reconnects in about 1 s)."""
 
@@ -25,8 +30,8 @@ def _memory(memory_id: str) -> MemoryRow:
                      observed_at=None, decay_profile="standard", source={}, expires_at=None, vector=b"\0" * 8)
 
 
-def _save(memory_id: str) -> Callable[[PgWriter], None]:
-    def fn(w: PgWriter) -> None:
+def _save(memory_id: str) -> Callable[[Writer], None]:
+    def fn(w: Writer) -> None:
         w.insert_memory(_memory(memory_id))
     return fn
 
@@ -68,3 +73,43 @@ def test_an_unreachable_server_is_named_when_the_store_opens(own_pg_cluster: PgC
     own_pg_cluster.stop_server()
     with pytest.raises(StoreError, match=f"cannot reach the store at postgresql 127.0.0.1:{own_pg_cluster.port}/"):
         PostgresRepository.open(own_pg_cluster.url)
+
+
+_KILLED_WRITER = """
+import sys, threading
+from keymem_daemon.engine.ports import MemoryRow, Writer
+from keymem_daemon.store.postgres.repository import PostgresRepository
+
+repo = PostgresRepository.open(sys.argv[1])
+
+def half_written(w):
+    for i in range(3):
+        w.insert_memory(MemoryRow(id=f"m-killed-{i}", content="x", dedup_hash=f"k{i}", namespace="proj", at=1.0,
+                                  observed_at=None, decay_profile="standard", source={}, expires_at=None,
+                                  vector=b"\\0" * 8))
+    print("inserted", flush=True)
+    threading.Event().wait()  # SIGKILLed here, before COMMIT
+
+repo.write(half_written)
+"""
+
+
+def test_a_daemon_killed_mid_write_leaves_no_rows_and_no_locks(pg_database: str) -> None:
+    repo = PostgresRepository.open(pg_database)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, pg_database], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "inserted"
+        child.send_signal(signal.SIGKILL)
+        child.wait(KILL_TIMEOUT)
+        # The same rows again: this waits for the killed transaction's row locks, which the
+        # server drops as soon as it sees the client gone -- then nothing of it is left.
+        repo.write(_save("m-killed-0"))
+        found = repo.read(lambda r: sorted(r.memories([f"m-killed-{i}" for i in range(3)])))
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(KILL_TIMEOUT)
+        if child.stdout is not None:
+            child.stdout.close()
+        repo.close()
+    assert found == ["m-killed-0"]

@@ -81,6 +81,9 @@ def _script(w: Any) -> None:
     w.add_activity([ActivityRow(at=float(i), kind="remember" if i % 2 else "inject", memory_id="m2" if i % 3 else None,
                                 summary=f"entry {i}", detail_json=f'{{"i": {i}}}') for i in range(1, 8)], keep=5)
     w.prune_activity(before=3.5)
+    w.mark_accessed(["m2", "m4"], 304.0)
+    w.bump_links([(0.25, "k-deploy", "m4"), (5.0, "k-seoul", "m2")], ceiling=1.5)
+    w.decay_links(["k-deploy"], ["m4"], 0.1, floor=0.2)
 
 
 def _observe(r: Any) -> dict[str, Any]:
@@ -94,7 +97,7 @@ def _observe(r: Any) -> dict[str, Any]:
         "current": [r.is_current(m) for m in ("m1", "m2", "absent")],
         "twin": r.active_twin("proj", "h-deploy on mondays now", NOW), "predecessor": r.predecessor_of("m4"),
         "member": [r.member_state(m) for m in ("m1", "m2", "absent")],
-        "active": [r.count_active(ns, NOW) for ns in (None, "proj", "other")],
+        "active": [r.count_active(ns, NOW) for ns in (None, "proj", "other")], "rows": r.memory_rows(),
         "page": (lambda t: (t[0], [m.id for m in t[1]]))(r.active_page("proj", NOW, 5, 0)),
         "expired": [m.id for m in r.expired_memories(NOW)],
         "siblings": r.batch_siblings("b1", memories["m2"], NOW),
@@ -132,6 +135,18 @@ def _observe(r: Any) -> dict[str, Any]:
         "strongest_members": [m.id for m in r.strongest_members("k-deploy", now=NOW, limit=5)],
         "activity": [(e.at, e.kind, e.memory_id, e.summary, e.detail) for e in r.activity_entries(limit=10)]
                     + [(e.summary,) for e in r.activity_entries(kind="remember", memory_id="m2", limit=10)],
+        "lexical": [{m: float(f"{score:.9g}") for m, score in r.lexical_hits(tokens, scope, NOW, 10)}
+                    for tokens, scope in ((["deploy"], None), (["deploy", "서울", "noon"], None),
+                                          (["release", "monday"], frozenset({"proj"})), (["absent"], None),
+                                          (["deploy"], frozenset({"other"})), ([], None))],
+        "indexed_tokens": r.indexed_tokens(["m1", "m2", "m4", "absent"]),
+        "key_members": r.key_members(["k-deploy", "k-seoul", "absent"], frozenset({"proj"}), NOW, 5),
+        "key_links": (sorted(r.key_links("k-deploy")), sorted(r.key_links("k-deploy", among=["m2", "m4"])),
+                      r.key_links("k-deploy", strongest=1), r.key_links("k-deploy", among=[])),
+        "links_by_memory": r.links_by_memory(["m1", "m2", "absent"]),
+        "observed": [r.observed_between(0.0, 1e9, scope, NOW, 10) for scope in (None, frozenset({"proj"}))],
+        "either_way": sorted(r.related_either_way("m1")),
+        "export": r.export_rows(include_vectors=True), "schema": r.schema_version(),
         "latest_activity": len(r.activity_entries(limit=100)) and r.latest_activity_id() > 0,
     }
 
@@ -170,6 +185,54 @@ def test_every_memory_and_key_operation_answers_as_on_sqlite(sqlite_store: Store
     assert {k: v for k, v in got.items() if v != expected[k]} == {}
     # Not vacuous: the script left something for each kind of read to find.
     assert all(got["newest"][i] for i in (0, 1, 2, 3, 5)) and got["activity"] and got["co_occurring"]
+    assert got["export"]["memories"] and got["export"]["keys"][0]["aliases"] and got["schema"] > 0
+    assert all(got["lexical"][i] for i in (0, 1, 2)) and got["key_members"]["k-deploy"]
     assert got["df"] and got["holding"] and got["stored"] and got["loanword"] and got["expired"]
     assert got_pruned == expected_pruned
     assert {k: v for k, v in got_after.items() if v != expected_after[k]} == {}
+
+
+def _import(rows: dict[str, list[dict[str, Any]]]) -> Any:
+    """An import of ``rows`` through the transfer writes (norms derived as the script made them)."""
+    def fn(w: Any) -> list[int]:
+        added = []
+        for key in rows["keys"]:
+            assert w.key_named(key["id"], key["concept"].lower()) is None
+            w.import_key(key["id"], key["concept"], key["concept"].lower(), key["concept"], key["key_type"],
+                         key["vector"], key["created_at"])
+            for alias in key["aliases"]:
+                w.import_alias(key["id"], alias["alias"], alias["alias"], alias["alias"], learned=alias["learned"],
+                               added_at=alias["added_at"], hits=alias["hits"])
+        for memory in rows["memories"]:
+            w.import_memory({k: v for k, v in memory.items() if k != "vector"}, f"h-{memory['content']}",
+                            memory["vector"])
+        for link in rows["links"] * 2:  # the second time, each is there already
+            added.append(w.import_link(link["key_id"], link["memory_id"], link["weight"], auto=link["auto"]))
+        for relation in rows["relations"] * 2:
+            added.append(w.import_relation(relation["from"], relation["to"]))
+        for candidate in rows["alias_candidates"]:
+            w.import_alias_candidate(candidate["key_id"], candidate["query_text"], candidate["query_text"],
+                                     candidate["count"], candidate["last_seen"])
+        w.drop_dangling_supersessions()
+        with pytest.raises(ValueError, match="(?i)unique|duplicate key"):  # each store says it its way
+            w.import_key(rows["keys"][0]["id"], "again", "again", "again", "concept", b"", 0.0)
+        assert w.key_named("no-such-id", rows["keys"][0]["concept"].lower()) == rows["keys"][0]["id"]
+        return added
+    return fn
+
+
+def test_an_export_imports_into_either_store_and_exports_the_same(tmp_path: Path, pg_database: str) -> None:
+    source = Store.open(tmp_path / "source.db")
+    target = Store.open(tmp_path / "target.db")
+    postgres = PostgresRepository.open(pg_database)
+    try:
+        source.write(_script)
+        rows = source.read(lambda r: r.export_rows(include_vectors=True))
+        assert target.write(_import(rows)) == postgres.write(_import(rows))
+        expected = target.read(lambda r: r.export_rows(include_vectors=True))
+        got = postgres.read(lambda r: r.export_rows(include_vectors=True))
+    finally:
+        postgres.close()
+        source.close()
+        target.close()
+    assert got == expected == rows

@@ -23,6 +23,11 @@ from keymem_daemon.engine.ports import (
     MemoryReads,
     MemoryRow,
     MemoryWrites,
+    Reader,
+    Repository,
+    SearchReads,
+    SearchWrites,
+    Writer,
 )
 from keymem_daemon.errors import Refused
 from keymem_daemon.store.postgres.repository import PgReader, PgWriter, PostgresRepository
@@ -31,10 +36,11 @@ RACE_TIMEOUT = 60.0
 """Seconds two threads may take to meet at a barrier on a loaded machine (milliseconds)."""
 
 
-def _ports(reader: PgReader, writer: PgWriter
-           ) -> tuple[MemoryReads, KeyReads, InspectReads, MemoryWrites, KeyWrites, InspectWrites]:
-    # mypy checks here that the PostgreSQL reader and writer implement these ports.
-    return reader, reader, reader, writer, writer, writer
+def _ports(reader: PgReader, writer: PgWriter, repository: PostgresRepository
+           ) -> tuple[MemoryReads, KeyReads, SearchReads, InspectReads, MemoryWrites, KeyWrites, SearchWrites,
+                      InspectWrites, Reader, Writer, Repository]:
+    # mypy checks here that the PostgreSQL reader, writer and repository implement the ports.
+    return reader, reader, reader, reader, writer, writer, writer, writer, reader, writer, repository
 
 
 @pytest.fixture
@@ -61,7 +67,7 @@ def test_a_write_commits_as_one_unit_and_reads_see_it(repository: PostgresReposi
     assert repository.found == "missing"  # a fresh database: the repository created the schema
     committed: list[str] = []
 
-    def remember(w: PgWriter) -> str:
+    def remember(w: Writer) -> str:
         w.insert_key(_key("k1"))
         w.insert_memory(_memory("m1"))
         w.insert_memory(_memory("m2", content="배포는 금요일"))
@@ -76,7 +82,7 @@ def test_a_write_commits_as_one_unit_and_reads_see_it(repository: PostgresReposi
 
     assert repository.write(remember) == "saved" and committed == ["done"]
 
-    def look(r: PgReader) -> dict[str, Any]:
+    def look(r: Reader) -> dict[str, Any]:
         m1 = r.memory("m1")
         assert m1 is not None and m1.source == {"agent": "test", "batch_id": "b1"} and m1.rowid is not None
         return {
@@ -108,7 +114,7 @@ def test_a_write_commits_as_one_unit_and_reads_see_it(repository: PostgresReposi
 def test_a_failing_write_leaves_nothing_and_runs_no_after_commit_step(repository: PostgresRepository) -> None:
     ran: list[str] = []
 
-    def broken(w: PgWriter) -> None:
+    def broken(w: Writer) -> None:
         w.insert_memory(_memory("m1"))
         w.after_commit(lambda: ran.append("after"))
         raise ValueError("the engine refused halfway")
@@ -125,7 +131,7 @@ def test_two_daemons_creating_the_same_key_at_once_get_one_key(pg_database: str)
     lock = threading.Lock()
 
     def create(key_id: str) -> Any:
-        def fn(w: PgWriter) -> str:
+        def fn(w: Writer) -> str:
             with lock:
                 attempts.append(key_id)
                 first_try = attempts.count(key_id) == 1
@@ -163,12 +169,12 @@ def test_concurrent_reinforcements_of_one_link_all_count(pg_database: str) -> No
     repos = [PostgresRepository.open(pg_database) for _ in range(2)]
     bumps = 15
 
-    def setup(w: PgWriter) -> None:
+    def setup(w: Writer) -> None:
         w.insert_key(_key("k1"))
         w.insert_memory(_memory("m1"))
         w.link("k1", "m1", 1.0, False)
 
-    def bump(w: PgWriter) -> None:
+    def bump(w: Writer) -> None:
         weight = w.link_weight("k1", "m1")
         assert weight is not None
         w.set_link_weight("k1", "m1", weight + 1.0)
@@ -193,7 +199,7 @@ def test_concurrent_reinforcements_of_one_link_all_count(pg_database: str) -> No
 
 def test_a_role_reads_and_writes_only_what_it_was_granted_through_the_repository(
         pg_cluster: PgCluster, repository: PostgresRepository, pg_database: str) -> None:
-    def seed(w: PgWriter) -> None:
+    def seed(w: Writer) -> None:
         w.insert_memory(_memory("m-proj"))
         w.insert_memory(_memory("m-secret", "secret"))
 
@@ -214,3 +220,43 @@ def test_a_role_reads_and_writes_only_what_it_was_granted_through_the_repository
     finally:
         reader.close()
     assert repository.read(lambda r: r.memory("m-new")) is None
+
+
+def test_many_concurrent_writers_on_two_daemons_store_every_memory_once_under_one_shared_key(
+        pg_database: str) -> None:
+    repos = [PostgresRepository.open(pg_database) for _ in range(2)]
+    threads_per_repo, writes_per_thread = 4, 25
+    failures: list[BaseException] = []
+
+    def remember(memory_id: str) -> Any:
+        def fn(w: Writer) -> None:
+            # Get or create the shared key, as the engine resolves a key by its text.
+            key = next((k for k, concept in w.keys_holding(["deploy"]) if concept == "deploy"), None)
+            if key is None:
+                key = f"k-{memory_id}"
+                w.insert_key(_key(key))
+            w.insert_memory(_memory(memory_id))
+            w.link(key, memory_id, 1.0, False)
+        return fn
+
+    def run(repo: PostgresRepository, prefix: str) -> None:
+        try:
+            for i in range(writes_per_thread):
+                repo.write(remember(f"{prefix}-{i}"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    try:
+        threads = [threading.Thread(target=run, args=(repo, f"r{r}t{t}"))
+                   for r, repo in enumerate(repos) for t in range(threads_per_repo)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RACE_TIMEOUT * 4)
+        counts = repos[0].read(lambda r: r.counts(200.0))
+    finally:
+        for repo in repos:
+            repo.close()
+    total = 2 * threads_per_repo * writes_per_thread
+    assert failures == []
+    assert (counts.keys, counts.links, counts.namespaces) == (1, total, {"proj": total})

@@ -102,3 +102,16 @@ def test_team_commands_say_clearly_what_is_wrong(cli: Cli, tmp_path: Path, pg_cl
     for done in (unknown, listing, denied, unset):
         for secret in _secrets(pg_cluster):
             assert secret not in done.stderr + done.stdout
+
+
+def test_the_password_may_come_from_a_pgpass_file_instead_of_the_url(
+        cli: Cli, tmp_path: Path, pg_cluster: PgCluster, pg_database: str) -> None:
+    database = str(conninfo_to_dict(pg_database)["dbname"])
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"127.0.0.1:{pg_cluster.port}:{database}:{OWNER}:{pg_cluster.passwords[OWNER]}\n")
+    pgpass.chmod(0o600)  # libpq ignores a pgpass file others can read
+    alice = pg_cluster.create_role("alice")
+    url = f"postgresql://{OWNER}@127.0.0.1:{pg_cluster.port}/{database}"
+    done = cli("team", "grant", "deploy-rules", alice, "--json",
+               env=isolated_env(tmp_path, KEYMEM_STORE_URL=url, PGPASSFILE=str(pgpass)))
+    assert _ok(done)["role"] == alice

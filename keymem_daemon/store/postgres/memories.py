@@ -80,6 +80,9 @@ class PgMemoryRows:
         return int(self._value(f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE} "
                                "AND (%s::text IS NULL OR m.namespace = %s)", (now, namespace, namespace)))
 
+    def memory_rows(self) -> int:
+        return int(self._value("SELECT COUNT(*) FROM memories"))
+
     def active_page(self, namespace: str | None, now: float, limit: int, offset: int) -> tuple[int, list[Memory]]:
         where = f"WHERE {ACTIVE} AND (%s::text IS NULL OR m.namespace = %s)"
         total = int(self._value(f"SELECT COUNT(*) FROM memories m {where}", (now, namespace, namespace)))

@@ -34,11 +34,14 @@ from psycopg import IsolationLevel, errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import describe_store_url
+from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import Conflict, Refused, StoreError
 from keymem_daemon.store.postgres import schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.memories import PgMemoryRows
+from keymem_daemon.store.postgres.search import PgSearchRows, PgSearchWriteRows
+from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +69,14 @@ _RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, error
 
 
 @dataclass(slots=True)
-class PgReader(PgMemoryRows, PgKeyRows, PgInspectRows):
+class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectRows):
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
 
 
 @dataclass(slots=True)
-class PgWriter(PgReader, PgInspectWriteRows):
+class PgWriter(PgReader, PgSearchWriteRows, PgTransferWriteRows, PgInspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
@@ -83,7 +86,8 @@ class PgWriter(PgReader, PgInspectWriteRows):
 
 
 class PostgresRepository:
-    """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``)."""
+    """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``): an ``engine.ports.Repository``
+    whose readers and writers implement every port (tests/postgres checks it with mypy)."""
 
     def __init__(self, url: str, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         self.where = describe_store_url(url)
@@ -127,7 +131,7 @@ class PostgresRepository:
 
     # -- units of work ----------------------------------------------------------------------
 
-    def read(self, fn: Callable[[PgReader], T]) -> T:
+    def read(self, fn: Callable[[Reader], T]) -> T:
         """Run ``fn`` inside one read-only snapshot."""
         try:
             with self._pool.connection() as conn:
@@ -138,7 +142,7 @@ class PostgresRepository:
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
-    def write(self, fn: Callable[[PgWriter], T]) -> T:
+    def write(self, fn: Callable[[Writer], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
         refuses it for a concurrent write; then its ``after_commit`` callbacks, in order."""
         delay, attempt = RETRY_BACKOFF, 0
