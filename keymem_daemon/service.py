@@ -21,12 +21,13 @@ from typing import Any, Final, Literal
 
 from keymem_daemon import activity_log, backups, transcripts
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import limits, push, retrieval, transfer
+from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.reads import hybrid, query
+from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import IdempotencyKey, render
 from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
 from keymem_daemon.mcp import instructions, tools
-from keymem_daemon.store.sqlite.memories import get_memory
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class InjectRequest:
 
 def _memories_held(graph: MemoryGraph) -> int:
     """Every memory row of the store (superseded and expired ones too)."""
-    return graph.store.read(lambda c: int(c.execute("SELECT COUNT(*) FROM memories").fetchone()[0]))
+    return int(graph.store.read(lambda reader: reader.memory_rows()))
 
 
 @dataclass(slots=True)
@@ -120,7 +121,7 @@ class Service:
             if graph.has_hangul_content():
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
-            retrieval.hybrid_recall(graph, "warm up", reinforce=False)
+            hybrid.hybrid_recall(graph, "warm up", reinforce=False)
             self.activity = activity_log.ActivityLog(graph.store, self.settings.activity_log, clock=self.clock)
             self.graph = graph
             self.detail = None
@@ -241,7 +242,7 @@ class Service:
         args = arguments if isinstance(arguments, Mapping) else {}
         forgotten = None
         if logged and name == "forget" and isinstance(args.get("memory_id"), str):
-            memory = graph.store.read(lambda conn: get_memory(conn, args["memory_id"]))
+            memory = graph.store.read(lambda reader: reader.memory(args["memory_id"]))
             forgotten = memory.content if memory is not None else None
         outcome = tools.call_tool(ctx, name, arguments)
         if logged and not outcome.is_error and self.activity is not None:
@@ -285,7 +286,7 @@ class Service:
         with self._lock:
             if mtime != self._namespaces.mtime:
                 try:
-                    mapping = retrieval.parse_namespaces_file(path.read_text(encoding="utf-8"))
+                    mapping = query.parse_namespaces_file(path.read_text(encoding="utf-8"))
                 except (OSError, ValueError) as exc:
                     logger.warning("ignoring %s: %s", path, exc)
                     mapping = {}
@@ -298,9 +299,9 @@ class Service:
         graph = self.ready_graph()
         project: frozenset[str] = frozenset()
         if request.namespace is not None and request.namespace.strip():
-            scope = retrieval.scope_of(graph.resolve_namespace(request.namespace))
+            scope = query.scope_of(graph.resolve_namespace(request.namespace))
         else:
-            scope = retrieval.namespaces_for_cwd(self.namespace_map(), request.cwd)
+            scope = query.namespaces_for_cwd(self.namespace_map(), request.cwd)
             project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
         session = self.sessions.view(request.session_id) if request.session_id else None

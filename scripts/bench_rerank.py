@@ -48,8 +48,9 @@ def stand_in_model() -> Path:
 
 def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[str, Any]:
     from keymem_daemon.config import Settings
-    from keymem_daemon.engine import push, retrieval
+    from keymem_daemon.engine import retrieval
     from keymem_daemon.engine.graph import MemoryGraph
+    from keymem_daemon.engine.reads import inject as push
     from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
     from keymem_daemon.inference.reranker import RerankerManager
 

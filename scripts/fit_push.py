@@ -1,4 +1,4 @@
-"""Fit the push path's decision (keymem_daemon/engine/push.py WEIGHTS, BIAS, the floor) on dev.
+"""Fit the push path's decision (keymem_daemon/engine/reads/inject.py WEIGHTS, BIAS, the floor) on dev.
 
     python scripts/fit_push.py [--features bench-out/push-features.json] [--reuse] [--split dev]
 
@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_client import InProcess  # noqa: E402
 
-from keymem_daemon.engine import push, retrieval  # noqa: E402
+from keymem_daemon.engine import retrieval  # noqa: E402
+from keymem_daemon.engine.reads import inject as push  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 L2: float = 1.0

@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import math
-import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,9 +37,9 @@ from keymem_daemon.engine.graph import (
     vector_problem,
 )
 from keymem_daemon.engine.keys import KEY_TYPES, MAX_KEY_CHARS
+from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.engine.text import normalize, normalize_namespace
 from keymem_daemon.errors import InvalidInput, KeymemError
-from keymem_daemon.store.sqlite.database import SCHEMA_VERSION, Tx
 
 logger = logging.getLogger(__name__)
 
@@ -61,51 +60,19 @@ LISTED_PROBLEMS: Final = 5
 
 Progress = Callable[[str, int, int], None]
 
-_MEMORY_FIELDS: Final = (
-    "id", "content", "namespace", "depth", "access_count", "created_at", "updated_at", "last_accessed",
-    "observed_at", "last_confirmed_at", "confirmation_count", "decay_profile", "last_confirmation_evidence",
-    "last_confirmation_source", "last_confirmation_id", "expires_at", "supersedes", "superseded_by", "source",
-)
-
-
 def _b64(blob: bytes | None) -> str | None:
     return None if blob is None else base64.b64encode(blob).decode()
 
 
 def export(graph: MemoryGraph, *, include_vectors: bool = False) -> dict[str, Any]:
-    def read(conn: Any) -> dict[str, Any]:
-        aliases: dict[str, list[dict[str, Any]]] = {}
-        for row in conn.execute("SELECT key_id, alias, learned, added_at, hits FROM aliases ORDER BY key_id, norm"):
-            aliases.setdefault(row["key_id"], []).append(
-                {"alias": row["alias"], "learned": bool(row["learned"]), "added_at": row["added_at"],
-                 "hits": row["hits"]})
-        keys = []
-        for row in conn.execute("SELECT id, concept, key_type, created_at, vector FROM keys ORDER BY id"):
-            item: dict[str, Any] = {"id": row["id"], "concept": row["concept"], "key_type": row["key_type"],
-                                    "created_at": row["created_at"], "aliases": aliases.get(row["id"], [])}
-            if include_vectors:
-                item["vector"] = _b64(row["vector"])
-            keys.append(item)
-        memories = []
-        columns = ", ".join(_MEMORY_FIELDS)
-        for row in conn.execute(f"SELECT {columns}, vector FROM memories ORDER BY id"):
-            item = {name: row[name] for name in _MEMORY_FIELDS}
-            for name in ("source", "last_confirmation_source"):
-                item[name] = json.loads(item[name]) if item[name] else None
-            if include_vectors:
-                item["vector"] = _b64(row["vector"])
-            memories.append(item)
-        links = [{"key_id": r[0], "memory_id": r[1], "weight": r[2], "auto": bool(r[3])} for r in conn.execute(
-            "SELECT key_id, memory_id, weight, auto FROM links ORDER BY key_id, memory_id")]
-        relations = [{"from": r[0], "to": r[1]} for r in conn.execute(
-            "SELECT from_id, to_id FROM relations ORDER BY from_id, to_id")]
-        candidates = [{"key_id": r[0], "query_text": r[1], "count": r[2], "last_seen": r[3]} for r in conn.execute(
-            "SELECT key_id, query_text, count, last_seen FROM alias_candidates ORDER BY key_id, norm")]
-        return {"keys": keys, "memories": memories, "links": links, "relations": relations,
-                "alias_candidates": candidates}
+    def read(reader: Reader) -> tuple[int, dict[str, list[dict[str, Any]]]]:
+        return reader.schema_version(), reader.export_rows(include_vectors=include_vectors)
 
-    body = graph.store.read(read)
-    return {"format": FORMAT, "version": VERSION, "schema": SCHEMA_VERSION,
+    schema, body = graph.store.read(read)
+    if include_vectors:
+        for item in (*body["keys"], *body["memories"]):
+            item["vector"] = _b64(item["vector"])
+    return {"format": FORMAT, "version": VERSION, "schema": schema,
             "embedder": graph.embedder.fingerprint, **body}
 
 
@@ -393,7 +360,7 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
         if (i + 1) % 500 == 0 or i + 1 == len(plan.memories):
             report("indexing", i + 1, len(plan.memories))
 
-    def write(tx: Tx) -> dict[str, Any]:
+    def write(tx: Writer) -> dict[str, Any]:
         # Another request may have taught the analyzer a word since the text was cut.
         fresh = vocabulary == graph.analyzer.learned
         return _write(graph, tx, plan, key_vectors, body_vectors, tokens if fresh else {})
@@ -438,84 +405,68 @@ def _record(where: str) -> Iterator[None]:
         yield
     except KeymemError:
         raise
-    except (sqlite3.Error, ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # a store's refusal is a ValueError
         raise InvalidInput(f"{where} cannot be stored: {exc}", field=where) from exc
 
 
-def _write(graph: MemoryGraph, tx: Tx, plan: _Plan, key_vectors: Mapping[str, bytes],
+def _write(graph: MemoryGraph, tx: Writer, plan: _Plan, key_vectors: Mapping[str, bytes],
            body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
     graph.sync_vocabulary(tx)
-    conn = tx.conn
     key_map: dict[str, str] = {}
     imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
     skipped = {"keys": 0, "memories": 0}
     for i, k in enumerate(plan.keys):
         with _record(f"keys[{i}]"):
-            _write_key(graph, conn, k, key_vectors, key_map, imported, skipped)
+            _write_key(graph, tx, k, key_vectors, key_map, imported, skipped)
     new_memories: set[str] = set()
     for i, m in enumerate(plan.memories):
         with _record(f"memories[{i}]"):
-            _write_memory(conn, m, body_vectors, new_memories, imported, skipped)
+            _write_memory(tx, m, body_vectors, new_memories, imported, skipped)
     for i, link in enumerate(plan.links):
         if link["memory_id"] not in new_memories:
             continue
         with _record(f"links[{i}]"):
-            cur = conn.execute("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
-                               (key_map[link["key_id"]], link["memory_id"], link["weight"], int(link["auto"])))
-        imported["links"] += cur.rowcount
+            added = tx.import_link(key_map[link["key_id"]], link["memory_id"], link["weight"], auto=link["auto"])
+        imported["links"] += added
     for a, b in plan.relations:
         if a in new_memories:
-            imported["relations"] += conn.execute(
-                "INSERT OR IGNORE INTO relations(from_id, to_id) VALUES (?, ?)", (a, b)).rowcount
+            imported["relations"] += tx.import_relation(a, b)
     for i, c in enumerate(plan.candidates):
         with _record(f"alias_candidates[{i}]"):
-            conn.execute("INSERT OR IGNORE INTO alias_candidates(key_id, norm, query_text, count, last_seen) "
-                         "VALUES (?, ?, ?, ?, ?)", (key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"],
-                                                   c["count"], c["last_seen"]))
+            tx.import_alias_candidate(key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"],
+                                   c["last_seen"])
     # A supersession pointing outside the store would hide a memory forever: drop it.
-    conn.execute("UPDATE memories SET superseded_by = NULL WHERE superseded_by IS NOT NULL AND "
-                 "superseded_by NOT IN (SELECT id FROM memories)")
+    tx.drop_dangling_supersessions()
     for mid in new_memories:
-        row = conn.execute("SELECT superseded_by FROM memories WHERE id = ?", (mid,)).fetchone()
-        if row["superseded_by"] is None:
+        memory = tx.memory(mid)
+        if memory is not None and memory.superseded_by is None:
             graph.index_memory(tx, mid, tokens.get(mid))
     return {"imported": imported, "skipped": skipped}
 
 
-def _write_key(graph: MemoryGraph, conn: sqlite3.Connection, k: Mapping[str, Any], key_vectors: Mapping[str, bytes],
+def _write_key(graph: MemoryGraph, tx: Writer, k: Mapping[str, Any], key_vectors: Mapping[str, bytes],
                key_map: dict[str, str], imported: dict[str, int], skipped: dict[str, int]) -> None:
-    existing = conn.execute("SELECT id FROM keys WHERE id = ? OR norm = ? ORDER BY id = ? DESC LIMIT 1",
-                            (k["id"], normalize(k["concept"]), k["id"])).fetchone()
+    existing = tx.key_named(k["id"], normalize(k["concept"]))
     if existing is not None:
-        key_map[k["id"]] = existing[0]
+        key_map[k["id"]] = existing
         skipped["keys"] += 1
     else:
         key_map[k["id"]] = k["id"]
-        conn.execute("INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
-                      k["key_type"], key_vectors[k["id"]], k["created_at"]))
+        tx.import_key(k["id"], k["concept"], normalize(k["concept"]), graph.analyzer.compact(k["concept"]),
+                   k["key_type"], key_vectors[k["id"]], k["created_at"])
         imported["keys"] += 1
     for a in k["aliases"]:
         if normalize(a["alias"]) == normalize(k["concept"]):
             continue
-        conn.execute("INSERT OR IGNORE INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
-                      int(a["learned"]), a["added_at"], a["hits"]))
+        tx.import_alias(key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
+                     learned=a["learned"], added_at=a["added_at"], hits=a["hits"])
 
 
-def _write_memory(conn: sqlite3.Connection, m: Mapping[str, Any], body_vectors: Mapping[str, bytes],
+def _write_memory(tx: Writer, m: Mapping[str, Any], body_vectors: Mapping[str, bytes],
                   new_memories: set[str], imported: dict[str, int], skipped: dict[str, int]) -> None:
-    if conn.execute("SELECT 1 FROM memories WHERE id = ?", (m["id"],)).fetchone():
+    if tx.memory(m["id"]) is not None:
         skipped["memories"] += 1
         return
     new_memories.add(m["id"])
-    values = {name: m[name] for name in _MEMORY_FIELDS}
-    for name in ("source", "last_confirmation_source"):
-        values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
-    columns = ", ".join([*_MEMORY_FIELDS, "dedup_hash", "vector"])
-    marks = ", ".join("?" * (len(_MEMORY_FIELDS) + 2))
-    conn.execute(f"INSERT INTO memories({columns}) VALUES ({marks})",
-                 [*values.values(), dedup_hash(m["content"]), body_vectors[m["id"]]])
+    tx.import_memory(m, dedup_hash(m["content"]), body_vectors[m["id"]])
     imported["memories"] += 1

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from keymem_daemon.engine import limits
-from keymem_daemon.engine.push import InjectResult
+from keymem_daemon.engine.reads.inject import InjectResult
 from keymem_daemon.engine.records import render
 
 

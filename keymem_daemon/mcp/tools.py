@@ -19,9 +19,11 @@ from typing import Any, Final
 
 from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import limits, retrieval
+from keymem_daemon.engine import limits
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.limits import MAX_REMEMBER_BATCH, MAX_TTL_SECONDS
+from keymem_daemon.engine.reads import hybrid, recall
+from keymem_daemon.engine.reads.query import scope_of
 from keymem_daemon.engine.records import IdempotencyKey, NewMemory, Replayed, render
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
@@ -214,7 +216,7 @@ _WRITE_FIELDS: Final = ("content", "keys", "key_types", "namespace", "ttl_second
 
 
 def _recall(ctx: Context, args: Args) -> Any:
-    return retrieval.recall(
+    return recall.recall(
         ctx.graph, args.text("query"), namespace=args.raw("namespace"), top_k=args.integer("top_k"),
         context=args.raw("context"), explain=args.boolean("explain"),
         max_chars=args.integer("max_chars", default=ctx.settings.inject_max_chars), host=ctx.host)
@@ -310,8 +312,8 @@ def _recall_memories(ctx: Context, args: Args) -> Any:
     if not query or not query.strip():
         raise InvalidInput("query must be a non-empty string", field="query")
     namespace = ctx.graph.resolve_namespace(args.raw("namespace"))
-    result = retrieval.hybrid_recall(
-        ctx.graph, query.strip()[:limits.MAX_QUERY_CHARS], scope=retrieval.scope_of(namespace),
+    result = hybrid.hybrid_recall(
+        ctx.graph, query.strip()[:limits.MAX_QUERY_CHARS], scope=scope_of(namespace),
         top_k=args.integer("top_k"), hops=args.integer("hops"), min_rel_score=args.number("min_rel_score"),
         min_depth=args.number("min_depth"), reinforce=args.boolean("reinforce", True),
         context=args.text("context"))

@@ -22,8 +22,9 @@ from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
 from fake_hub import build_cross_encoder, minilm_files, model_dir, reranker_files
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import push, retrieval
+from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 from keymem_daemon.inference.reranker import OnnxReranker, RerankerManager

@@ -266,6 +266,9 @@ class InMemoryReader:
     def count_active(self, namespace: str | None, now: float) -> int:
         return len(self._active(now, namespace))
 
+    def memory_rows(self) -> int:
+        return len(self._tables.memories)
+
     def active_page(self, namespace: str | None, now: float, limit: int, offset: int) -> tuple[int, list[Memory]]:
         active = self._active(now, namespace)
         return len(active), active[offset:offset + limit]

@@ -40,7 +40,6 @@ PACKAGES: Final = ("keymem_daemon", "keymem_shim")
 ALLOWED_CYCLES: Final[frozenset[frozenset[str]]] = frozenset(
     {
         frozenset({"keymem_daemon.cli", "keymem_daemon.cli_inspect"}),
-        frozenset({"keymem_daemon.engine.graph", "keymem_daemon.engine.retrieval"}),
         frozenset({"keymem_daemon.runtime", "keymem_daemon.verified"}),
     }
 )
@@ -49,12 +48,6 @@ ALLOWED_CYCLES: Final[frozenset[frozenset[str]]] = frozenset(
 ALLOWED_ENGINE_STORAGE_IMPORTS: Final[frozenset[tuple[str, str]]] = frozenset(
     {
         ("keymem_daemon.engine.graph", "keymem_daemon.store.sqlite.database"),
-        ("keymem_daemon.engine.push", "sqlite3"),
-        ("keymem_daemon.engine.retrieval", "keymem_daemon.store.sqlite.memories"),
-        ("keymem_daemon.engine.retrieval", "keymem_daemon.store.sqlite.rows"),
-        ("keymem_daemon.engine.retrieval", "sqlite3"),
-        ("keymem_daemon.engine.transfer", "keymem_daemon.store.sqlite.database"),
-        ("keymem_daemon.engine.transfer", "sqlite3"),
     }
 )
 """``(engine module, what it imports)``: sqlite3 or a store module."""
@@ -62,10 +55,6 @@ ALLOWED_ENGINE_STORAGE_IMPORTS: Final[frozenset[tuple[str, str]]] = frozenset(
 ALLOWED_SQL_OUTSIDE_STORE: Final[frozenset[str]] = frozenset(
     {
         "keymem_daemon.backups",
-        "keymem_daemon.engine.push",
-        "keymem_daemon.engine.retrieval",
-        "keymem_daemon.engine.transfer",
-        "keymem_daemon.service",
     }
 )
 """Modules outside ``keymem_daemon/store/`` that hold SQL."""

@@ -18,8 +18,9 @@ from engine_helpers import (
     state,
 )
 
-from keymem_daemon.engine import push, retrieval
+from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.retrieval import (
     bounded,
     entity_mentions,

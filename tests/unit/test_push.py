@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from engine_helpers import FakeClock, remember, state
 
-from keymem_daemon.engine import push
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads import inject as push
 
 # -- pure scoring -----------------------------------------------------------------------------
 

@@ -111,6 +111,9 @@ class MemoryRows:
             params.append(namespace)  # type: ignore[arg-type]
         return int(self._conn.execute(sql, params).fetchone()[0])
 
+    def memory_rows(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+
     def active_page(self, namespace: str | None, now: float, limit: int, offset: int) -> tuple[int, list[Memory]]:
         where, params = f"WHERE {ACTIVE}", [now]
         if namespace is not None:

@@ -21,7 +21,8 @@ from typing import Any
 from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
 from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
-from keymem_daemon.store.sqlite.search import LexicalRows
+from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows
+from keymem_daemon.store.sqlite.transfer import TransferRows, TransferWriteRows
 
 
 @dataclass(slots=True)
@@ -29,6 +30,8 @@ class SqliteReader(
     MemoryRows,
     KeyRows,
     LexicalRows,
+    SearchRows,
+    TransferRows,
     InspectRows,
 ):
     """One snapshot of the database, on the calling thread's read connection."""
@@ -47,6 +50,8 @@ class SqliteReader(
 
 @dataclass(slots=True)
 class SqliteWriter(SqliteReader,
+                   SearchWriteRows,
+                   TransferWriteRows,
                    InspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 

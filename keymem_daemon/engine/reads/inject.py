@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import re
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -44,8 +43,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from keymem_daemon.engine.ports import Reader, Scope
+from keymem_daemon.engine.reads.channels import UNANCHORED
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.query import MIN_CORPUS, plan_query
+from keymem_daemon.engine.reads.signals import sigmoid
 from keymem_daemon.engine.records import KeyRef
-from keymem_daemon.engine.retrieval import MIN_CORPUS, Scope, hybrid_recall, links_of, plan_query, sigmoid
 from keymem_daemon.engine.text import STOPWORDS, has_hangul, normalize, script_of, sound_skeleton, truncate
 
 if TYPE_CHECKING:
@@ -523,7 +526,8 @@ def judge(graph: MemoryGraph, prompt: str, *, scope: Scope, project: frozenset[s
     plan = plan_query(graph, query)
     result = hybrid_recall(graph, query, scope=scope, top_k=POOL, hops=1, reinforce=False,
                            max_chars=max_chars, plan=plan, rerank_budget_ms=graph.settings.inject_rerank_budget_ms)
-    hits = [h for h in result.hits if not _unanchored(h.matched_via)]
+    # Reached only lexically, by a date, or by a hop: no evidence of its own.
+    hits = [h for h in result.hits if any(v.channel not in UNANCHORED for v in result.reached[h.id])]
     if not hits:
         return [], {}, result.matched_keys
     names = {graph.analyzer.stem(n) for n in map(normalize, capitalised_names(cut.query)) if n not in STOPWORDS}
@@ -538,11 +542,6 @@ def judge(graph: MemoryGraph, prompt: str, *, scope: Scope, project: frozenset[s
         judged.append(Judged(h.id, evidence[h.id], x, decide(x)))
     judged.sort(key=lambda j: -j.probability)
     return judged, {h.id: h for h in hits}, result.matched_keys
-
-
-def _unanchored(via: Sequence[str]) -> bool:
-    """Reached only lexically, by a date, or by a hop: no evidence of its own."""
-    return all(v in ("(bm25)", "(date)") or v.endswith("(via)") or v == "(linked)" for v in via)
 
 
 def spelling_distance(a: str, b: str, limit: int) -> int:
@@ -699,12 +698,9 @@ def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: S
     ids = [h.id for h in hits]
     literal = graph.keys.literal_ids(plan.literal_forms)
 
-    def read(conn: sqlite3.Connection) -> tuple[dict[str, dict[str, tuple[float, bool]]], dict[str, list[str]]]:
-        links = links_of(conn, ids)
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(f"SELECT m.id, f.content_tokens FROM memories m JOIN memory_fts f ON f.rowid = m.rowid "
-                            f"WHERE m.id IN ({marks})", ids).fetchall()
-        return links, {r[0]: str(r[1] or "").split() for r in rows}
+    def read(reader: Reader) -> tuple[dict[str, dict[str, tuple[float, bool]]], dict[str, list[str]]]:
+        indexed = reader.indexed_tokens(ids)
+        return reader.links_by_memory(ids), {mid: content for mid, (content, _) in indexed.items()}
 
     links, tokens = graph.store.read(read)
     key_ids = sorted({k for mid in ids for k, (_, auto) in links.get(mid, {}).items() if not auto})

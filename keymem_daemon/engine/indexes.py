@@ -1,0 +1,360 @@
+"""The in-memory key index, body-vector table and active-member counts, and how they are kept
+in step with the store: filled when the store opens (a malformed stored vector is re-embedded,
+``_quarantine``), changed only in a write's after-commit step (``counting``), and the lexical
+index rows the writes keep in step (``index_memory``, ``reindex_keys_of``, ``sync_vocabulary``).
+
+``GraphIndexes`` is the base of ``engine.graph.MemoryGraph``: the state every part of the engine
+shares (store, embedder, settings, clock, analyzer) and these tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import time
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from keymem_daemon.config import Settings
+from keymem_daemon.engine.autokey import PromotionRule, RecallBuffer
+from keymem_daemon.engine.freshness import HalfLives
+from keymem_daemon.engine.keys import ActiveCounts, KeyIndex, KeyInfo
+from keymem_daemon.engine.ports import Reader, Repository, Writer
+from keymem_daemon.engine.records import Memory
+from keymem_daemon.engine.text import Analyzer, default_analyzer, has_hangul
+from keymem_daemon.engine.vectors import VectorTable
+from keymem_daemon.inference.embedders import Embedder, ThresholdProfile
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+# The meta row listing the loanwords the store's index was cut with (``Analyzer.learn``).
+VOCABULARY_META: Final = "learned_words"
+
+# An entity key counts half in idf: a name says who a memory is about, not what it says.
+ENTITY_IDF: Final = 0.5
+# The ids a repair note names (the log and status line stay one readable line).
+REPAIR_IDS_SHOWN: Final = 10
+# Memories of a Hangul key read to tell whether it is a loanword: one that shows it suffices,
+# and a hub's thousands would make opening an old store slow.
+LOANWORD_EVIDENCE: Final = 20
+
+
+def _word_list(value: str) -> list[str] | None:
+    """A JSON list of words as the meta table keeps it, or None if it is not one."""
+    try:
+        words = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
+        return None
+    return words
+
+
+def vector_bytes(vector: npt.NDArray[np.floating]) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def vector_from(blob: bytes) -> npt.NDArray[np.float32]:
+    return np.frombuffer(blob, dtype=np.float32)
+
+# Every stored vector is L2-normalised (or zero, for a text the embedder cannot read); float32
+# rounding keeps a unit vector's squared length within about 1e-6 of 1.
+_UNIT_TOLERANCE: Final = 1e-3
+
+
+def vector_problem(blob: object, dim: int) -> str | None:
+    """Why ``blob`` is not a vector of a ``dim``-dimensional embedder (None: it is one)."""
+    if not isinstance(blob, bytes):
+        return f"is a {type(blob).__name__}, not float32 bytes"
+    if len(blob) != dim * 4:
+        return f"is {len(blob)} bytes, but a vector of this embedder is {dim * 4} bytes ({dim} float32 values)"
+    vector = np.frombuffer(blob, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        square = float(vector @ vector)
+    if not math.isfinite(square):
+        return "holds values that are not finite numbers (NaN or infinity)"
+    if square > _UNIT_TOLERANCE and abs(square - 1.0) > _UNIT_TOLERANCE:
+        return f"has length {math.sqrt(square):.3g}, but vectors are unit length"
+    return None
+
+
+def effective_profile(profile: ThresholdProfile, settings: Settings) -> ThresholdProfile:
+    """The embedder's calibrated profile with any KEYMEM_* overrides applied."""
+    changes = {
+        name: getattr(settings, name)
+        for name in ("key_recall", "key_merge", "short_key_merge")
+        if getattr(settings, name) is not None
+    }
+    if not changes:
+        return profile
+    from dataclasses import replace
+
+    return replace(profile, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCounts:
+    """Active memories of each key in a namespace (None = every namespace)."""
+
+    counts: dict[str, int]
+
+    def get(self, key_id: str) -> int:
+        return self.counts.get(key_id, 0)
+
+
+class GraphIndexes:
+    """The engine's shared state and its in-memory tables."""
+
+    def __init__(
+        self,
+        store: Repository,
+        embedder: Embedder,
+        settings: Settings,
+        *,
+        clock: Clock = time.time,
+        analyzer: Analyzer | None = None,
+        reranker: Any = None,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.settings = settings
+        self.clock = clock
+        self.analyzer = analyzer or default_analyzer()
+        self.reranker = reranker
+        self.profile = effective_profile(embedder.profile, settings)
+        self.lives = HalfLives(settings.decay_transient_days, settings.decay_standard_days,
+                               settings.decay_stable_days)
+        self.keys = KeyIndex(embedder.dim)
+        self.bodies = VectorTable(embedder.dim, quantized=True)
+        self.counts = ActiveCounts()
+        self.namespace_codes: dict[str, int] = {}
+        # The loanwords the lexical index was cut with; the analyzer may know more.
+        self.indexed_vocabulary: frozenset[str] = frozenset()
+        self.buffer = RecallBuffer(clock)
+        self.promotion = PromotionRule(
+            promote_n=settings.autokey_promote_n,
+            alias_at=self.profile.short_key_merge,
+            new_key_at=self.profile.key_autolink,
+            confirm_floor=settings.autokey_confirm_floor,
+            max_aliases=settings.autokey_max_aliases,
+        )
+        # Identifies this daemon run in each memory's provenance.
+        self.instance = str(uuid.uuid4())
+        # What opening the store repaired (duplicate keys, malformed vectors), for status.
+        self.repairs: list[str] = []
+
+    def namespace_code(self, namespace: str) -> int:
+        code = self.namespace_codes.get(namespace)
+        if code is None:
+            code = self.namespace_codes[namespace] = len(self.namespace_codes) + 1
+        return code
+
+    def reload_indexes(self) -> None:
+        """Rebuild the in-memory key index and body vectors from the store (after an import)."""
+        self.keys = KeyIndex(self.embedder.dim)
+        self.bodies = VectorTable(self.embedder.dim, quantized=True)
+        self.counts = ActiveCounts()
+        self.load_indexes()
+
+    def load_indexes(self) -> None:
+        """Fill the key index, the body table and the member counts from the store.
+
+        Rows are streamed straight into the preallocated matrices: holding every vector
+        blob at once (fetchall) doubled the peak memory of a large store, and the process
+        kept that peak as its resident size. A row whose vector is malformed (wrong size,
+        NaN, not unit length: an import before imports checked them) is not loaded as it
+        is -- it would stop the start or poison every cosine -- but re-embedded from its text
+        (``_quarantine``)."""
+        started = time.perf_counter()
+        dim = self.embedder.dim
+        bad_keys: list[tuple[KeyInfo, str]] = []
+        bad_bodies: list[tuple[str, str, str, bool]] = []
+        problems: set[str] = set()
+
+        def load(reader: Reader) -> tuple[int, int]:
+            self.keys.vectors.reserve(reader.key_count())
+            keys = 0
+            for info, blob in reader.stored_keys():
+                problem = vector_problem(blob, dim)
+                if problem is not None:
+                    bad_keys.append((info, info.concept))
+                    problems.add(problem)
+                    continue
+                assert isinstance(blob, bytes)
+                self.keys.put(info, vector_from(blob))
+                keys += 1
+            self.bodies.reserve(reader.live_vector_count())
+            bodies = 0
+            for memory_id, namespace, blob, superseded, content in reader.stored_vectors(dim * 4):
+                problem = vector_problem(blob, dim)
+                if problem is not None:
+                    text = content if content is not None else reader.memory_content(memory_id)
+                    assert text is not None
+                    bad_bodies.append((memory_id, namespace, text, superseded))
+                    problems.add(problem)
+                elif not superseded:
+                    assert isinstance(blob, bytes)
+                    self.bodies.upsert(memory_id, vector_from(blob), self.namespace_code(namespace))
+                    bodies += 1
+            self.counts.add_counts(reader.unexpiring_counts())
+            for memory_id in reader.expiring_ids():
+                self.counts.apply(memory_id, None, reader.member_state(memory_id))
+            return keys, bodies
+
+        keys, bodies = self.store.read(load)
+        if bad_keys or bad_bodies:
+            self._quarantine(bad_keys, bad_bodies, problems)
+        logger.info("loaded %d keys and %d memory vectors in %.2f s", keys, bodies, time.perf_counter() - started)
+
+    def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
+                    problems: set[str]) -> None:
+        """Re-embed the keys and memories whose stored vector is malformed, from their text,
+        and say so (log and ``repairs``)."""
+        vectors = self.embedder.embed([text for _, text in bad_keys] + [text for _, _, text, _ in bad_bodies])
+        key_vectors, body_vectors = vectors[:len(bad_keys)], vectors[len(bad_keys):]
+        key_rows = [(vector_bytes(v), info.id) for (info, _), v in zip(bad_keys, key_vectors, strict=True)]
+        body_rows = [(vector_bytes(v), mid) for (mid, *_), v in zip(bad_bodies, body_vectors, strict=True)]
+
+        def update(writer: Writer) -> None:
+            writer.set_key_vectors(key_rows)
+            writer.set_memory_vectors(body_rows)
+
+        self.store.write(update)
+        for (info, _), vector in zip(bad_keys, key_vectors, strict=True):
+            self.keys.put(info, vector)
+        for (memory_id, namespace, _, superseded), vector in zip(bad_bodies, body_vectors, strict=True):
+            if not superseded:
+                self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
+        ids = [info.id for info, _ in bad_keys] + [mid for mid, *_ in bad_bodies]
+        note = (f"{len(bad_keys)} key vector(s) and {len(bad_bodies)} memory vector(s) in the store were malformed "
+                f"(a vector {'; another '.join(sorted(problems))}); they were re-embedded from their text "
+                f"(ids: {', '.join(ids[:REPAIR_IDS_SHOWN])}{' ...' if len(ids) > REPAIR_IDS_SHOWN else ''})")
+        logger.warning("%s", note)
+        self.repairs.append(note)
+
+    def load_vocabulary(self) -> None:
+        """Teach the analyzer the loanwords this store learned. A store that never listed
+        them (made before keymem learned loanwords) is searched for them once."""
+        value = self.store.read(lambda reader: reader.meta_value(VOCABULARY_META))
+        listed = _word_list(value) if value is not None else None
+        if listed is None:
+            if value is not None:
+                logger.warning("the store's list of learned loanwords is unreadable; looking for them again")
+            self.analyzer.learn(self.store.read(self._stored_loanwords))
+        else:
+            self.indexed_vocabulary = frozenset(listed)
+            self.analyzer.learn(self.indexed_vocabulary)
+        if listed is None or self.analyzer.learned - self.indexed_vocabulary:
+            self.store.write(lambda writer: self.sync_vocabulary(writer, save=True))
+
+    def _stored_loanwords(self, reader: Reader) -> list[str]:
+        found: set[str] = set()
+        for key_id, concept in reader.key_concepts():
+            if not has_hangul(concept) or not self.analyzer.misread([concept]):
+                continue
+            # A few of its memories tell whether a Latin word beside it sounds the same.
+            for content, keys in reader.loanword_evidence(key_id, LOANWORD_EVIDENCE):
+                words = self.analyzer.loanwords(keys, content)
+                if words:
+                    found.update(words)
+                    break
+        return sorted(found)
+
+    def sync_vocabulary(self, writer: Writer, *, save: bool = False) -> None:
+        """Bring the lexical index up to the analyzer's vocabulary: the text of memories and
+        keys holding a word it learned since (in this store, or in another one this process
+        opened) is cut differently now, so it is indexed again."""
+        learned = self.analyzer.learned
+        missing = learned - self.indexed_vocabulary
+        if not missing and not save:
+            return
+        forms = sorted({form for w in missing for form in (w, unicodedata.normalize("NFD", w))})
+        memory_ids = writer.indexed_holding(forms)
+        touched: set[str] = set()
+        for key_id, concept in writer.keys_holding(forms):
+            writer.set_key_compact(key_id, self.analyzer.compact(concept))
+            touched.add(key_id)
+        for key_id, alias in writer.aliases_holding(forms):
+            writer.set_alias_compact(key_id, alias, self.analyzer.compact(alias))
+            touched.add(key_id)
+        for memory_id in memory_ids:
+            self.index_memory(writer, memory_id)
+        linked = set(writer.memories_linked_to(sorted(touched)))
+        self.reindex_keys_of(writer, linked - memory_ids)
+        writer.set_meta({VOCABULARY_META: json.dumps(sorted(learned), ensure_ascii=False)})
+        infos = [writer.key_info(key_id) for key_id in touched]
+        if memory_ids or linked or touched:
+            logger.info("re-indexed %d memories and %d keys holding learned word(s): %s",
+                        len(memory_ids | linked), len(touched), ", ".join(sorted(missing)))
+
+        def apply() -> None:
+            self.indexed_vocabulary = learned
+            for info in infos:
+                self.keys.put(info)
+
+        writer.after_commit(apply)
+
+    def key_counts(self, key_ids: Iterable[str], namespaces: Iterable[str] | str | None, now: float) -> KeyCounts:
+        """Active memories of each key in a namespace, a set of them, or all (None)."""
+        return KeyCounts(self.counts.get_many(key_ids, namespaces, now))
+
+    @contextlib.contextmanager
+    def counting(self, writer: Writer, memory_ids: Sequence[str]) -> Iterator[list[str]]:
+        """Report how the listed memories' key contributions change inside this block (more
+        ids may be appended to the yielded list while it runs; they count from empty)."""
+        ids = list(memory_ids)
+        before = {mid: writer.member_state(mid) for mid in ids}
+        yield ids
+        for mid in dict.fromkeys(ids):
+            old, new = before.get(mid), writer.member_state(mid)
+            if old != new:
+                writer.after_commit(functools.partial(self.counts.apply, mid, old, new))
+
+    def token_stats(self, tokens: Iterable[str]) -> tuple[dict[str, int], int]:
+        """How many active memories contain each token, and how many there are."""
+        unique = list(dict.fromkeys(tokens))
+        if not unique:
+            return {}, len(self.bodies)
+        return self.store.read(lambda reader: reader.document_frequencies(unique)), len(self.bodies)
+
+    def idf(self, key_id: str) -> float:
+        """1 for a key on one memory, 1/n on n (all namespaces, history included); entities
+        count half, since a name key says who, not what."""
+        info = self.keys.get(key_id)
+        if info is None:
+            return 0.0
+        value = 1.0 if info.link_count <= 1 else 1.0 / info.link_count
+        return value * ENTITY_IDF if info.is_entity else value
+
+    def concept(self, key_id: str) -> str:
+        info = self.keys.get(key_id)
+        return info.concept if info is not None else key_id
+
+    def _key_tokens_of(self, reader: Reader, memory_id: str) -> str:
+        return " ".join(t for text in reader.key_texts_of(memory_id) for t in self.analyzer.key_tokens(text))
+
+    def index_memory(self, writer: Writer, memory_id: str, content_tokens: str | None = None) -> None:
+        if content_tokens is None:
+            content = writer.memory_content(memory_id)
+            assert content is not None
+            content_tokens = " ".join(self.analyzer.index_tokens(content))
+        writer.index_memory(memory_id, content_tokens, self._key_tokens_of(writer, memory_id))
+
+    def reindex_keys_of(self, writer: Writer, memory_ids: Iterable[str]) -> None:
+        for memory_id in memory_ids:
+            if writer.is_current(memory_id):
+                writer.set_key_tokens(memory_id, self._key_tokens_of(writer, memory_id))
+
+    def unindex(self, writer: Writer, memory: Memory) -> None:
+        writer.unindex(memory.rowid)
+        writer.after_commit(lambda: self.bodies.remove(memory.id))
