@@ -19,9 +19,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
 
 import click
@@ -779,6 +779,116 @@ def _summarize(result: Mapping[str, Any]) -> str:
         elif isinstance(value, int) and not isinstance(value, bool):
             parts.append(f"{value} {name}")
     return "; ".join(parts)
+
+
+# -- team memory: grants on the PostgreSQL store (store/postgres/grants.py, psycopg directly) --
+
+
+def _team_store_url(state: CliState) -> str:
+    url = state.settings().store_url
+    if url is None:
+        raise click.ClickException("KEYMEM_STORE_URL is not set: team commands manage the grants of a PostgreSQL "
+                                   "store (KEYMEM_STORE_URL=postgresql://OWNER@HOST:PORT/DATABASE)")
+    return url
+
+
+def _grants_module() -> ModuleType:
+    """store/postgres/grants.py, imported when a team command runs: psycopg is optional."""
+    try:
+        from keymem_daemon.store.postgres import grants
+    except ImportError as exc:  # psycopg is the optional 'team' extra
+        raise click.ClickException(f"team memory needs psycopg ({exc}): pip install 'keymem[team]'") from None
+    return grants
+
+
+@cli.group()
+def team() -> None:
+    """Team memory: grant roles read or write access to namespaces of the PostgreSQL store.
+
+    KEYMEM_STORE_URL names the database; grant and revoke need its owner (or a member of
+    the owner's role), list shows the grants that apply to the connecting role (all of them
+    for the owner). PostgreSQL's row-level security enforces them for every connection.
+
+    Example:
+
+    \b
+        keymemd team grant deploy-rules alice --write
+        keymemd team list
+    """
+
+
+@team.command()
+@click.argument("namespace")
+@click.argument("role")
+@click.option("--read", "mode", flag_value="read", default=True, help="Read only (the default).")
+@click.option("--write", "mode", flag_value="write", help="Read and write.")
+@json_option
+@pass_state
+def grant(state: CliState, namespace: str, role: str, mode: str, as_json: bool) -> None:
+    """Let ROLE read (or, with --write, read and write) NAMESPACE; granting again changes the mode.
+
+    The first grant on an empty database also creates keymem's schema there.
+
+    Example:
+
+    \b
+        keymemd team grant deploy-rules alice --write
+    """
+    grants = _grants_module()
+    try:
+        done = grants.grant(_team_store_url(state), namespace, role, "write" if mode == "write" else "read")
+    except KeymemError as exc:
+        raise click.ClickException(exc.message) from None
+    emit(as_json, asdict(done), f"{done.role} may now {'read and write' if done.mode == 'write' else 'read'} "
+                                f"namespace {done.namespace}")
+
+
+@team.command()
+@click.argument("namespace")
+@click.argument("role")
+@json_option
+@pass_state
+def revoke(state: CliState, namespace: str, role: str, as_json: bool) -> None:
+    """Take ROLE's access to NAMESPACE away (with its last grant, ROLE may no longer connect).
+
+    Example:
+
+    \b
+        keymemd team revoke deploy-rules alice
+    """
+    grants = _grants_module()
+    try:
+        removed = grants.revoke(_team_store_url(state), namespace, role)
+    except KeymemError as exc:
+        raise click.ClickException(exc.message) from None
+    emit(as_json, {"namespace": namespace, "role": role, "revoked": removed},
+         f"{role} no longer has access to namespace {namespace}" if removed
+         else f"{role} had no grant on namespace {namespace}")
+
+
+@team.command(name="list")
+@click.argument("namespace", required=False)
+@click.option("--role", help="Only this role's grants.")
+@json_option
+@pass_state
+def list_command(state: CliState, namespace: str | None, role: str | None, as_json: bool) -> None:
+    """List grants (of NAMESPACE, if given): namespace, role, mode, when.
+
+    Example:
+
+    \b
+        keymemd team list deploy-rules --json
+    """
+    grants = _grants_module()
+    try:
+        found = grants.list_grants(_team_store_url(state), namespace=namespace, role=role)
+    except KeymemError as exc:
+        raise click.ClickException(exc.message) from None
+    from keymem_daemon.cli_inspect import table
+
+    rows = [[g.namespace, g.role, g.mode, g.granted_at] for g in found]
+    emit(as_json, {"grants": [asdict(g) for g in found]},
+         table(["namespace", "role", "mode", "granted"], rows) if rows else "no grants")
 
 
 # The inspection commands (ui, search, show, forget, keys, activity) register themselves.

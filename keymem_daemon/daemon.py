@@ -251,14 +251,21 @@ class Daemon:
         with self._lock:
             self._closing = True
         runtime.remove_daemon_info(self.settings.data_dir)
+        self._end_live_feeds()
         if self._server is not None:
             self._server.should_exit = True
 
     def request_exit(self) -> None:
         """Ask uvicorn to finish (signal handlers; ``begin_shutdown`` is the full path)."""
         self._stop_requested = True
+        self._end_live_feeds()
         if self._server is not None:
             self._server.should_exit = True
+
+    def _end_live_feeds(self) -> None:
+        """The inspector's live feeds end now: uvicorn waits for open responses before exiting."""
+        if self._service is not None and self._service.activity is not None:
+            self._service.activity.end_watches()
 
     def _stop(self, loader: threading.Thread | None) -> bool:
         """Everything after serving; True when the lock may be released now."""

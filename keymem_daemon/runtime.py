@@ -15,7 +15,7 @@ A client never takes ``daemon.json``'s word for who listens on its port (the dae
 have died and the port been taken by another program, or the pid been recycled): before
 it sends the token or a prompt, the daemon proves it holds the token by answering a fresh
 nonce on ``GET /health?nonce=...`` with ``health_proof`` (an HMAC under the token over the
-nonce, its pid and start time). ``get_health`` checks it; ``keymem_daemon.verified`` checks
+nonce, its pid and start time; ``keymem_daemon.proof``). ``get_health`` checks it; ``keymem_daemon.verified`` checks
 it on every new connection the shim and the CLI open. Signals go only to the process that
 holds ``daemon.lock`` (``owns_data_dir``) or that has just proven itself.
 
@@ -30,12 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
-import hmac
 import json
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -49,6 +46,12 @@ import filelock
 
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import ConfigError, Conflict, DaemonNotRunning, StoreError
+from keymem_daemon.proof import MAX_NONCE_CHARS as MAX_NONCE_CHARS
+from keymem_daemon.proof import NONCE_BYTES as NONCE_BYTES
+from keymem_daemon.proof import PROOF_VERSION as PROOF_VERSION
+from keymem_daemon.proof import health_proof as health_proof
+from keymem_daemon.proof import new_nonce as new_nonce
+from keymem_daemon.proof import proof_matches
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +77,6 @@ DAEMON_LOCK_WAIT: Final = 1.0
 START_LOCK_MARGIN: Final = 10.0
 """A queued ``start`` waits this much longer than ``start_timeout`` for the one ahead of it."""
 
-PROOF_VERSION: Final = "keymem-health-v1"
-"""Names what ``health_proof`` signs, so a proof can never be mistaken for another HMAC."""
-NONCE_BYTES: Final = 16
-"""A fresh random nonce per check: a recorded proof is useless for the next one."""
-MAX_NONCE_CHARS: Final = 128
-"""The longest nonce ``/health`` signs (clients send 32 hex digits)."""
 PRIVATE_DIR_MODE: Final = 0o700
 PRIVATE_FILE_MODE: Final = 0o600
 COMMAND_SHOWN: Final = 160
@@ -120,32 +117,6 @@ class DaemonInfo:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
-
-
-def new_nonce() -> str:
-    """A fresh nonce for one ``/health`` check."""
-    return secrets.token_hex(NONCE_BYTES)
-
-
-def health_proof(token: str, nonce: str, *, pid: int, started_at: float) -> str:
-    """The daemon's answer to a client's ``nonce``: HMAC-SHA256 under its token over the
-    nonce, its pid and its start time (as ``daemon.json`` has them).
-
-    Only the process that wrote the token can compute it, so a program that took over the
-    port, or a recycled pid, cannot pass for the daemon; the pid and start time tie it to
-    this very ``daemon.json``. ``hooks/keymem_hook.py`` holds a copy of these lines.
-    """
-    message = f"{PROOF_VERSION}\n{nonce}\n{pid}\n{started_at:.6f}".encode()
-    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
-
-
-def proof_matches(info: DaemonInfo, nonce: str, body: object) -> bool:
-    """Does a ``/health`` answer to ``nonce`` prove that the daemon ``info`` names sent it?"""
-    if not isinstance(body, dict) or body.get("pid") != info.pid:
-        return False
-    proof = body.get("proof")
-    expected = health_proof(info.token, nonce, pid=info.pid, started_at=info.started_at)
-    return isinstance(proof, str) and hmac.compare_digest(proof, expected)
 
 
 # Field name -> accepted JSON types (bool is excluded from the numbers explicitly).

@@ -25,7 +25,7 @@ from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import Host, MemoryGraph
 from keymem_daemon.engine.reads import hybrid, query
 from keymem_daemon.engine.reads import inject as push
-from keymem_daemon.engine.records import IdempotencyKey, render
+from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
 from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
 from keymem_daemon.mcp import instructions, tools
 
@@ -46,6 +46,74 @@ class InjectRequest:
     max_chars: int | None = None
     session_id: str | None = None
     agent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What ``/health`` says: the loading state, and what is wrong with the store."""
+
+    status: State
+    version: str
+    pid: int
+    error: str | None = omit()
+    """Why loading failed (``failed`` only)."""
+    detail: str | None = omit()
+    """What a long start is doing, with its progress (``starting`` only)."""
+    warnings: list[str] | None = omit()
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStats:
+    """What ``/v1/stats`` says: the state, the store's counts once it is loaded, the models."""
+
+    state: State
+    uptime_s: float
+    data_dir: str
+    store: str
+    """Where the memories live (``Settings.store_description``: the SQLite file, or a
+    PostgreSQL URL without its password)."""
+    counts: Stats | None = None
+    embedder: str | None = None
+    korean_analyzer: str | None = None
+    learned_words: list[str] | None = None
+    embedder_note: str | None = None
+    reranker: dict[str, Any] | None = None
+    downloads: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """One flat JSON object: the store's counts beside the daemon's own fields, and no
+        field the daemon has nothing to say about."""
+        out: dict[str, Any] = {"state": self.state, "uptime_s": self.uptime_s, "data_dir": self.data_dir,
+                               "store": self.store}
+        if self.counts is not None:
+            out.update(render(self.counts))
+        for name in ("embedder", "korean_analyzer", "learned_words", "embedder_note", "reranker", "downloads"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = render(value)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One MCP prompt as ``prompts/list`` shows it (keymem's take no arguments)."""
+
+    name: str
+    description: str
+    arguments: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTurn:
+    role: Literal["user", "assistant"]
+    content: dict[str, Any]
+    """An MCP content block: ``{"type": "text", "text": ...}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    description: str
+    messages: list[PromptTurn]
 
 
 def _memories_held(graph: MemoryGraph) -> int:
@@ -196,18 +264,12 @@ class Service:
             raise NotReady("keymem is still loading its store and models; retry in a moment")
         return self.graph
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         from keymem_daemon import __version__
 
-        out: dict[str, Any] = {"status": self.state, "version": __version__, "pid": os.getpid()}
-        if self.error:
-            out["error"] = self.error
-        if self.detail and self.state == "starting":
-            out["detail"] = self.detail
-        warnings = self.warnings()
-        if warnings:
-            out["warnings"] = warnings
-        return out
+        return Health(self.state, __version__, os.getpid(), error=self.error or None,
+                      detail=self.detail if self.detail and self.state == "starting" else None,
+                      warnings=self.warnings() or None)
 
     # -- host identity --------------------------------------------------------------------
 
@@ -262,17 +324,16 @@ class Service:
         hooked = self.settings.hook_installed if hook_installed is None else hook_installed
         return instructions.instructions(self.stats_line(), hook_installed=hooked)
 
-    def prompts(self) -> list[dict[str, Any]]:
-        return [{"name": instructions.PROMPT_NAME, "description": instructions.PROMPT_DESCRIPTION,
-                 "arguments": []}]
+    def prompts(self) -> list[Prompt]:
+        return [Prompt(instructions.PROMPT_NAME, instructions.PROMPT_DESCRIPTION)]
 
-    def get_prompt(self, name: str, *, hook_installed: bool | None = None) -> dict[str, Any]:
+    def get_prompt(self, name: str, *, hook_installed: bool | None = None) -> RenderedPrompt:
         if name != instructions.PROMPT_NAME:
             raise NotFound(f"Unknown prompt: {name}")
         hooked = self.settings.hook_installed if hook_installed is None else hook_installed
         text = instructions.prompt_text(self.stats_line(), hook_installed=hooked)
-        return {"description": instructions.PROMPT_DESCRIPTION,
-                "messages": [{"role": "user", "content": {"type": "text", "text": text}}]}
+        return RenderedPrompt(instructions.PROMPT_DESCRIPTION,
+                              [PromptTurn("user", {"type": "text", "text": text})])
 
     # -- push path ------------------------------------------------------------------------
 
@@ -316,25 +377,20 @@ class Service:
 
     # -- operations -----------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "state": self.state, "uptime_s": round(self.clock() - self.started_at, 1),
-            "data_dir": str(self.settings.data_dir), "store": self.settings.store_description,
-        }
+    def stats(self) -> DaemonStats:
+        loaded: dict[str, Any] = {}
         if self.graph is not None:
-            out.update(render(self.graph.stats()))
-            out["embedder"] = self.graph.embedder.fingerprint
             from keymem_daemon.engine.text import default_analyzer
 
-            out["korean_analyzer"] = "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)"
-            out["learned_words"] = sorted(self.graph.analyzer.learned)
-        if self.embedder_note:
-            out["embedder_note"] = self.embedder_note
-        if self.reranker is not None:
-            out["reranker"] = self.reranker.status()
-        if self.progress is not None:
-            out["downloads"] = self.progress.as_dict()
-        return out
+            loaded = {"counts": self.graph.stats(), "embedder": self.graph.embedder.fingerprint,
+                      "korean_analyzer": "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)",
+                      "learned_words": sorted(self.graph.analyzer.learned)}
+        return DaemonStats(
+            self.state, round(self.clock() - self.started_at, 1), str(self.settings.data_dir),
+            self.settings.store_description, **loaded,
+            embedder_note=self.embedder_note or None,
+            reranker=self.reranker.status() if self.reranker is not None else None,
+            downloads=self.progress.as_dict() if self.progress is not None else None)
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         return transfer.export(self.ready_graph(), include_vectors=include_vectors)
@@ -343,6 +399,7 @@ class Service:
         if not isinstance(data, dict):
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
         result = transfer.import_data(self.ready_graph(), data, progress=progress)
+        self.ready_graph().store.analyze()  # a bulk load changes what the planner should pick
         if self.activity is not None:
             self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:IMPORT_SUMMARY_CHARS]}",
                                  {"result": result})
@@ -390,6 +447,7 @@ class Service:
         result: dict[str, Any] = render(self.ready_graph().cleanup_expired())
         if self.activity is not None:
             result["pruned_activity"] = self.activity.prune()
+        self.ready_graph().store.analyze()
         return result
 
     def checkpoint(self) -> None:

@@ -4,7 +4,7 @@
 another program (the daemon died or stopped) while a shim keeps its old address. So the
 shim and the CLI never send a request on a connection that has not passed the check: each
 new TCP connection first carries ``GET /health?nonce=...`` -- no token, no content -- and
-is used only if the answer holds ``runtime.health_proof`` for that nonce under the token,
+is used only if the answer holds ``proof.health_proof`` for that nonce under the token,
 pid and start time of the ``daemon.json`` the client trusts. Anything else fails the
 connection with ``httpcore.ConnectError`` (``httpx.ConnectError`` for the caller): to the
 client the daemon is gone, which it knows how to handle (restart, re-read ``daemon.json``).
@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import httpcore
 import httpx
 
-from keymem_daemon import runtime
+from keymem_daemon.proof import new_nonce, proof_matches
 
-Expected = Callable[[int], "runtime.DaemonInfo | None"]
+if TYPE_CHECKING:
+    from keymem_daemon.runtime import DaemonInfo
+
+Expected = Callable[[int], "DaemonInfo | None"]
 """Which daemon a client expects on a port (None: none it trusts)."""
 
 MAX_HEALTH_BYTES: Final = 64 * 1024
@@ -45,9 +48,9 @@ class NotTheDaemon(httpcore.ConnectError):
 class _Check:
     """One check of one connection: the request to send, then the answer as it arrives."""
 
-    def __init__(self, info: runtime.DaemonInfo) -> None:
+    def __init__(self, info: DaemonInfo) -> None:
         self.info = info
-        self.nonce = runtime.new_nonce()
+        self.nonce = new_nonce()
         self.request = (
             f"GET /health?nonce={self.nonce} HTTP/1.1\r\nHost: 127.0.0.1:{info.port}\r\n"
             "Accept: application/json\r\nConnection: keep-alive\r\n\r\n"
@@ -69,7 +72,7 @@ class _Check:
             parsed = json.loads(body[: _content_length(head)])
         except ValueError:
             parsed = None
-        if len(status) < 2 or status[1] != b"200" or not runtime.proof_matches(self.info, self.nonce, parsed):
+        if len(status) < 2 or status[1] != b"200" or not proof_matches(self.info, self.nonce, parsed):
             raise NotTheDaemon(
                 f"whatever listens on 127.0.0.1:{self.info.port} is not the keymemd of daemon.json "
                 f"(pid {self.info.pid}): its /health does not prove it holds the token"
@@ -85,7 +88,7 @@ def _content_length(head: bytes) -> int:
     raise NotTheDaemon("it answered /health without a Content-Length")
 
 
-def _expected_on(expected: Expected, port: int) -> runtime.DaemonInfo:
+def _expected_on(expected: Expected, port: int) -> DaemonInfo:
     info = expected(port)
     if info is None or info.port != port:
         raise NotTheDaemon(f"no keymemd is expected on 127.0.0.1:{port}")
@@ -159,7 +162,7 @@ _LIMITS: Final = httpx.Limits()
 """httpx's own pool limits, which its transports would have used."""
 
 
-def verified_transport(info: runtime.DaemonInfo) -> httpx.HTTPTransport:
+def verified_transport(info: DaemonInfo) -> httpx.HTTPTransport:
     """A blocking transport whose every connection must prove it reaches ``info``'s daemon."""
     transport = httpx.HTTPTransport(trust_env=False)
     # httpx takes no network backend: its pool (``_pool``) is rebuilt around ours.

@@ -12,14 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, share_model_tables, wait_for
-from pg_cluster import pg_cluster, pg_database  # noqa: F401 - fixtures, found by pytest through this import
-
-
-@pytest.fixture(scope="session", autouse=True)
-def shared_model_tables(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """One copy of the 65 MB piece table for the session, linked into each test's data dir."""
-    share_model_tables(tmp_path_factory.mktemp("shared-models"))
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from pg_cluster import own_pg_cluster, pg_cluster, pg_database  # noqa: F401 - fixtures, found by pytest through this import
 
 FAST_TIER = Path(__file__).parent / "unit" / "fast"
 

@@ -87,42 +87,6 @@ def log_growth(data_dir: Path) -> int:
         return 0
 
 
-MODEL_TABLE_GLOB: Final = "use-multilingual-v3-*.table"
-"""USE's piece table (65 MB), which a daemon writes into ``<data>/models`` on its first start."""
-_shared_models: list[Path] = []
-
-
-def share_model_tables(directory: Path) -> None:
-    """Keep the piece table a first daemon writes in ``directory`` and hard-link it into each
-    later test's data dir: each start then only reads it back (the daemon checks the bytes
-    and rewrites a file that differs, as a new file: the shared copy is never changed)."""
-    _shared_models[:] = [directory]
-
-
-def _seed_model_tables(data_dir: Path) -> None:
-    if not _shared_models:
-        return
-    models = data_dir / "models"
-    for table in _shared_models[0].glob(MODEL_TABLE_GLOB):
-        target = models / table.name
-        if target.exists():
-            continue
-        try:
-            data_dir.mkdir(parents=True, exist_ok=True, mode=runtime.PRIVATE_DIR_MODE)
-            models.mkdir(exist_ok=True)
-            os.link(table, target)
-        except OSError:
-            return  # a read-only or full data dir: the test is about that, not about speed
-
-
-def _keep_model_tables(data_dir: Path) -> None:
-    if not _shared_models or any(_shared_models[0].glob(MODEL_TABLE_GLOB)):
-        return
-    for table in (data_dir / "models").glob(MODEL_TABLE_GLOB):
-        with contextlib.suppress(OSError):
-            os.link(table, _shared_models[0] / table.name)
-
-
 def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """A clean environment for a daemon or CLI under ``tmp_path`` (offline, no reranker)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
@@ -261,7 +225,6 @@ class DaemonFactory:
     def spawn(self, **extra_env: str) -> tuple[subprocess.Popen[bytes], Path]:
         output = self.tmp_path / f"daemon-{len(self.started)}-{time.monotonic_ns()}.out"
         env = self.env(**extra_env)
-        _seed_model_tables(self.data_dir)
         with open(output, "wb") as sink:
             process = subprocess.Popen(
                 [sys.executable, "-m", "keymem_daemon", "run"],
@@ -299,7 +262,6 @@ class DaemonFactory:
                 log += "\n--- daemon.log ---\n" + daemon_log.read_text(errors="replace")[-6000:]
             pytest.fail(f"daemon did not become ready: {exc}\n{log}")
         assert info.pid == process.pid, "daemon.json names another process"
-        _keep_model_tables(self.data_dir)
         daemon = DaemonProcess(process, info, self.data_dir, env, output)
         self.started.append(daemon)
         return daemon

@@ -149,13 +149,26 @@ class PgCluster:
                    sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
         return name
 
+    def start_server(self) -> None:
+        """``pg_ctl start`` on the cluster's port, waiting until it accepts connections."""
+        options = (f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                   "-c full_page_writes=off -c max_connections=200")
+        _run(self.run_as, [str(self.bindir / "pg_ctl"), "start", "-D", str(self.data_dir), "-w",
+                           "-t", str(START_TIMEOUT), "-l", str(self.log_file), "-o", options],
+             timeout=START_TIMEOUT + 10)
+
+    def stop_server(self) -> None:
+        """``pg_ctl stop -m fast``: open sessions are cut, as when a server goes down."""
+        _run(self.run_as, [str(self.bindir / "pg_ctl"), "stop", "-D", str(self.data_dir), "-m", "fast",
+                           "-w", "-t", str(STOP_TIMEOUT)], timeout=STOP_TIMEOUT + 10)
+
     def drop_database(self, name: str) -> None:
         from psycopg import sql
 
         self.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def _unprivileged_user() -> pwd.struct_passwd | None:
+def unprivileged_user() -> pwd.struct_passwd | None:
     """Whom the cluster runs as: None (the current user) unless the tests run as root."""
     if os.geteuid() != 0:
         return None
@@ -179,7 +192,7 @@ def _run(cluster_user: pwd.struct_passwd | None, args: list[str], *, timeout: fl
         raise RuntimeError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
 
 
-def _start(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
+def start_cluster(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
     # Not under pytest's tmp_path: its base directory is private to us, and the cluster's user
     # must be able to reach the directory it owns.
     root = Path(tempfile.mkdtemp(prefix="keymem-pg-"))
@@ -198,12 +211,8 @@ def _start(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
     for _ in range(PORT_ATTEMPTS):
         port = _free_port()
         cluster = PgCluster(bindir=bindir, root=root, port=port, passwords=passwords, run_as=run_as)
-        options = (f"-p {port} -k {cluster.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c full_page_writes=off -c max_connections=200")
         try:
-            _run(run_as, [str(bindir / "pg_ctl"), "start", "-D", str(cluster.data_dir), "-w",
-                          "-t", str(START_TIMEOUT), "-l", str(cluster.log_file), "-o", options],
-                 timeout=START_TIMEOUT + 10)
+            cluster.start_server()
         except RuntimeError as exc:
             log = cluster.log_file.read_text(errors="replace") if cluster.log_file.exists() else ""
             last = RuntimeError(f"{exc}\n{log}")
@@ -221,17 +230,15 @@ def _start(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
     raise last or RuntimeError("could not start PostgreSQL")
 
 
-def _stop(cluster: PgCluster) -> None:
+def stop_cluster(cluster: PgCluster) -> None:
     try:
-        _run(cluster.run_as, [str(cluster.bindir / "pg_ctl"), "stop", "-D", str(cluster.data_dir), "-m", "fast",
-                              "-w", "-t", str(STOP_TIMEOUT)], timeout=STOP_TIMEOUT + 10)
+        cluster.stop_server()
     finally:
         shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    """A running PostgreSQL cluster for this session (skips without PostgreSQL, fails in CI)."""
+def _require_postgres() -> Path:
+    """The PostgreSQL binaries' directory; skip without them (or psycopg), fail under CI=true."""
     skip_or_fail = pytest.fail if os.environ.get("CI") == "true" else pytest.skip
     bindir = find_bindir()
     if bindir is None:
@@ -241,11 +248,30 @@ def pg_cluster() -> Iterator[PgCluster]:
         import psycopg  # noqa: F401
     except ImportError:
         skip_or_fail("psycopg is not installed: pip install -e '.[test]'")
-    cluster = _start(bindir, _unprivileged_user())
+    assert bindir is not None
+    return bindir
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """A running PostgreSQL cluster for this session (skips without PostgreSQL, fails in CI)."""
+    cluster = start_cluster(_require_postgres(), unprivileged_user())
     try:
         yield cluster
     finally:
-        _stop(cluster)
+        stop_cluster(cluster)
+
+
+@pytest.fixture
+def own_pg_cluster() -> Iterator[PgCluster]:
+    """A cluster of one test's own, for tests that stop and start its server."""
+    cluster = start_cluster(_require_postgres(), unprivileged_user())
+    try:
+        yield cluster
+    finally:
+        with contextlib.suppress(RuntimeError):  # the test may have left it stopped
+            cluster.stop_server()
+        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @pytest.fixture

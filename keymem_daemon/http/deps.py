@@ -71,7 +71,7 @@ async def hook_installed(
 HookDep = Annotated[bool | None, Depends(hook_installed)]
 
 
-def _service(request: Request) -> Service:
+async def _service(request: Request) -> Service:
     service: Service = request.app.state.service
     return service
 
@@ -102,7 +102,7 @@ class Workers:
         return await anyio.to_thread.run_sync(fn, limiter=self.quick if quick else self.store)
 
 
-def _workers(request: Request) -> Workers:
+async def _workers(request: Request) -> Workers:
     workers: Workers = request.app.state.workers
     return workers
 
@@ -120,7 +120,7 @@ class Lifecycle:
     shutdown: Callable[[], None]
 
 
-def _lifecycle(request: Request) -> Lifecycle:
+async def _lifecycle(request: Request) -> Lifecycle:
     lifecycle: Lifecycle = request.app.state.lifecycle
     return lifecycle
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from keymem_daemon.engine import limits
 from keymem_daemon.engine.reads.inject import InjectResult
 from keymem_daemon.engine.records import render
+from keymem_daemon.service import DaemonStats, Health, Prompt, RenderedPrompt
 
 
 class _Strict(BaseModel):
@@ -42,6 +43,10 @@ class HealthOut(BaseModel):
     warnings: list[str] | None = Field(None, description="What is wrong with the store (deleted under the "
                                                          "daemon, empty next to full backups) or was "
                                                          "repaired in it at start.")
+
+    @classmethod
+    def from_domain(cls, health: Health) -> HealthOut:
+        return cls.model_validate(render(health))
 
 
 class ToolDefinition(BaseModel):
@@ -82,6 +87,10 @@ class PromptInfo(BaseModel):
 class PromptsOut(BaseModel):
     prompts: list[PromptInfo]
 
+    @classmethod
+    def from_domain(cls, prompts: list[Prompt]) -> PromptsOut:
+        return cls.model_validate({"prompts": render(prompts)})
+
 
 class PromptMessage(BaseModel):
     role: Literal["user", "assistant"]
@@ -91,6 +100,10 @@ class PromptMessage(BaseModel):
 class PromptOut(BaseModel):
     description: str
     messages: list[PromptMessage]
+
+    @classmethod
+    def from_domain(cls, prompt: RenderedPrompt) -> PromptOut:
+        return cls.model_validate(render(prompt))
 
 
 class InjectIn(_Strict):
@@ -153,8 +166,8 @@ class StatsOut(BaseModel):
     store: str = Field(description='Which store: "sqlite PATH" or "postgresql HOST:PORT/DATABASE as ROLE".')
 
     @classmethod
-    def from_domain(cls, stats: Any) -> StatsOut:
-        return cls.model_validate(render(stats))
+    def from_domain(cls, stats: DaemonStats) -> StatsOut:
+        return cls.model_validate(stats.as_dict())
 
 
 class ExportIn(_Strict):

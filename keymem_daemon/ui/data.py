@@ -336,8 +336,8 @@ class Inspector:
         return result
 
     def health(self) -> dict[str, Any]:
-        stats = self.service.stats()
-        return {"health": self.service.health(), "stats": stats, "backups": self.backups(),
+        stats = self.service.stats().as_dict()
+        return {"health": render(self.service.health()), "stats": stats, "backups": self.backups(),
                 "settings": {"backup_interval_s": self.service.settings.backup_interval,
                              "backup_keep": self.service.settings.backup_keep,
                              "activity_log": self.service.settings.activity_log}}

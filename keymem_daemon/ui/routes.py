@@ -13,18 +13,23 @@ same-origin browser request reach ``/ui`` and nothing else. Writes go through
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any, Final
 
+import anyio
 from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from keymem_daemon.activity_log import MAX_PAGE, ActivityLog
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import Host
+from keymem_daemon.engine.records import render
 from keymem_daemon.errors import ForbiddenOrigin, InvalidInput, KeymemError, NotFound, Unauthorized
 from keymem_daemon.service import Service
 from keymem_daemon.ui.auth import LOGIN_TTL, Session, UiAuth
@@ -46,7 +51,44 @@ elsewhere. Inline *styles* are allowed because the graph library positions its c
 _HEADERS: Final = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
                    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 
+STREAM_SECONDS: Final = 15.0
+"""How long one live-feed stream stays open before it ends and the browser's EventSource
+reconnects (after ``STREAM_RETRY_MS``, resuming from ``Last-Event-ID``): a tab left open never
+holds a connection the daemon must wait for on stop longer than this."""
+STREAM_RETRY_MS: Final = 500
+STREAM_KEEPALIVE: Final = 5.0
+"""A comment line this often keeps proxies and the browser from taking a quiet feed for dead."""
+
 Run = Callable[..., Awaitable[Response]]
+
+
+async def _activity_events(log: ActivityLog, *, after: int, kind: str | None) -> AsyncIterator[str]:
+    """The activity log as server-sent events: each new entry is one ``entry`` event (its
+    ``id`` the entry's), sent when the log's thread has stored it."""
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    unwatch = log.watch(lambda: loop.call_soon_threadsafe(wake.set))
+    latest = after
+    deadline = loop.time() + STREAM_SECONDS
+    try:
+        yield f"retry: {STREAM_RETRY_MS}\n\n"
+        while not log.watches_ended:
+            wake.clear()
+            page = await anyio.to_thread.run_sync(functools.partial(log.page, after=latest, limit=MAX_PAGE,
+                                                                    kind=kind))
+            for entry in reversed(page.entries):
+                data = json.dumps(render(entry), ensure_ascii=False)
+                yield f"id: {entry.id}\nevent: entry\ndata: {data}\n\n"
+            latest = max(latest, page.latest_id)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(wake.wait(), min(STREAM_KEEPALIVE, remaining))
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+    finally:
+        unwatch()
 
 
 def cookie_name(settings: Settings) -> str:
@@ -224,6 +266,22 @@ def build_apps(service: Service, settings: Settings, *, run: Run, handle_error: 
                            limit: Annotated[int, Query(ge=1, le=500)] = 100, kind: str | None = None) -> Response:
             return await run(lambda: json_response(
                 inspector.activity(after=after, before=before, limit=limit, kind=kind)), quick=True)
+
+        @get("/activity/stream")
+        async def activity_stream(request: Request, after: Annotated[int, Query(ge=0)] = 0,
+                                  kind: str | None = None) -> Response:
+            log = service.activity
+            if log is None:
+                service.ready_graph()  # NotReady while loading
+                raise NotFound("the activity log is not open")
+            resume = request.headers.get("last-event-id", "")
+            if resume:
+                if not resume.isdigit():
+                    raise InvalidInput("Last-Event-ID must be an entry id", field="Last-Event-ID")
+                after = max(after, int(resume))
+            return StreamingResponse(_activity_events(log, after=after, kind=kind or None),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
         @get("/health")
         async def health() -> Response:

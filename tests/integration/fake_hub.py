@@ -14,8 +14,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -210,9 +209,8 @@ class SilentServer:
 
 
 # ----------------------------------------------------------------------------------------
-# Model files the hub serves, and waiting without bare sleeps
+# Model files the hub serves
 
-POLL_INTERVAL: Final = 0.01
 MINILM_TOKENIZER_FILES: Final = (
     "tokenizer.json", "tokenizer_config.json", "config.json", "special_tokens_map.json",
 )
@@ -297,10 +295,3 @@ def hub_repos(minilm: Mapping[str, bytes], reranker_onnx: bytes) -> dict[tuple[s
     return files
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test past ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(POLL_INTERVAL)

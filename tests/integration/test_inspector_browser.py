@@ -7,6 +7,7 @@ inert HTML, and no console error on any page. The same run takes the README's sc
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -295,7 +296,7 @@ def test_a_prompt_sent_through_the_real_hook_appears_in_the_live_feed_with_what_
                    "user-prompt-submit")
     assert run.returncode == 0 and billing in run.stdout, (run.stdout, run.stderr, daemon.log())
     entry = page.locator(".entry[data-kind=inject]").first
-    entry.wait_for()  # the page polls: no reload
+    entry.wait_for()  # the feed is live: no reload
     assert "Which port does the billing staging database" in entry.inner_text()
     assert entry.locator(f".surfaced a[href='#/memory/{billing}']").count() == 1
     assert "relevance" in entry.locator(".surfaced").inner_text()
@@ -308,6 +309,65 @@ def test_a_prompt_sent_through_the_real_hook_appears_in_the_live_feed_with_what_
     assert "silent" in quiet.inner_text()
     page.screenshot(path=str(screenshot_dir(tmp_path) / "inspector-activity.png"))
     assert browser.errors == [], browser.errors
+
+
+def test_a_write_through_the_tool_api_reaches_the_open_activity_page_over_server_sent_events(
+        daemon: DaemonProcess, browser: Browser) -> None:
+    page = logged_in(daemon, browser)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(f"{daemon.url}/ui/#/activity")
+    page.wait_for_selector("#feed .empty")
+    stream = next((u for u in requests if "/ui/api/activity/stream" in u), None)
+    assert stream is not None, requests
+    polls_before = [u for u in requests if "/ui/api/activity?" in u]
+
+    memory = daemon.remember("The release train leaves every second Thursday.", ["release", "schedule"])
+    entry = page.locator(f".entry[data-kind=remember]:has(a[href='#/memory/{memory}'])")
+    entry.wait_for()  # no reload: the stream delivered it
+    assert "release train" in entry.inner_text()
+    assert [u for u in requests if "/ui/api/activity?" in u] == polls_before, "the live feed must not poll"
+    assert browser.errors == [], browser.errors
+
+
+def test_an_export_file_imported_from_the_health_page_restores_memories_and_a_bad_file_changes_nothing(
+        daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
+    ids = seed(daemon, NEWTON, APPLE)
+    exported = daemon.export()
+    for memory_id in ids:
+        daemon.call("forget", {"memory_id": memory_id})
+    before = daemon.export()
+    assert before["memories"] == []
+    page = logged_in(daemon, browser)
+    page.goto(f"{daemon.url}/ui/#/health")
+    page.wait_for_selector("#import-file")
+
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("these are not the memories you are looking for")
+    page.set_input_files("#import-file", str(garbage))
+    page.click("#import-btn")
+    error = page.locator("#import-error")
+    error.wait_for()
+    assert "nothing was changed" in error.inner_text() and "notes.txt is not a keymem export" in error.inner_text()
+
+    foreign = tmp_path / "other.json"
+    foreign.write_text(json.dumps({"format": "somebody-else", "items": [1, 2]}))
+    page.set_input_files("#import-file", str(foreign))
+    page.click("#import-btn")
+    page.wait_for_selector("#import-error >> text=not a keymem export (format 'keymem-export')")
+    assert daemon.export()["memories"] == before["memories"]
+
+    good = tmp_path / "keymem-export.json"
+    good.write_text(json.dumps(exported))
+    page.set_input_files("#import-file", str(good))
+    page.click("#import-btn")
+    page.wait_for_selector("#import-done")
+    counts = {row.locator("td").nth(0).inner_text(): row.locator("td").nth(1).inner_text()
+              for row in page.locator("#import-outcome tbody tr").all()}
+    assert counts.get("memories") == "2", counts
+    for memory_id in ids:
+        assert "error" not in daemon.call("read_memory", {"memory_id": memory_id})["result"], memory_id
+    assert browser.errors == [] or all("422" in e for e in browser.errors), browser.errors
 
 
 # -- safety and every page -----------------------------------------------------------------

@@ -3,6 +3,7 @@ cookie, the CSRF token, Origin and Host -- and that the cookie opens nothing but
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -116,3 +117,31 @@ def test_the_health_page_lists_backups_and_exports_and_imports(daemon: DaemonPro
     imported = browser.post("/ui/api/import", json=data, headers={"X-CSRF-Token": csrf})
     assert imported.status_code == 200, imported.text
     assert _alive(daemon, memory)
+
+
+def test_the_live_feed_is_a_server_sent_event_stream_behind_the_cookie_or_the_token(daemon: DaemonProcess) -> None:
+    anonymous = daemon.client(token="")
+    assert anonymous.get("/ui/api/activity/stream").status_code == 401
+    assert anonymous.get("/v1/inspect/activity/stream").status_code == 401
+    browser, _, _ = _login(daemon)
+    with browser.stream("GET", "/ui/api/activity/stream") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        assert next(lines).startswith("retry: ")
+        memory = daemon.remember("The standup moved to 09:45.", ["standup", "schedule"])
+        event: dict[str, str] = {}
+        for line in lines:  # the stream ends by itself after a while: a lost entry fails here
+            if line.startswith(("id: ", "event: ", "data: ")):
+                name, _, value = line.partition(": ")
+                event[name] = value
+            elif line == "" and event.get("event") == "entry":
+                break
+        assert event.get("event") == "entry", event
+        entry = json.loads(event["data"])
+        assert entry["kind"] == "remember" and entry["memory_id"] == memory and event["id"] == str(entry["id"])
+    with daemon.client().stream("GET", "/v1/inspect/activity/stream",
+                                headers={"Last-Event-ID": str(entry["id"] - 1)}) as resumed:
+        lines = (line for line in resumed.iter_lines() if line)
+        assert next(lines).startswith("retry: ")
+        assert next(lines) == f"id: {entry['id']}", "Last-Event-ID resumes after the entry it names"

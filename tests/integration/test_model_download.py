@@ -14,9 +14,11 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pytest
+from daemon_helpers import READY_TIMEOUT, wait_for
 from fake_hub import (
     FakeHub,
     SilentServer,
@@ -26,7 +28,6 @@ from fake_hub import (
     minilm_files,
     model_dir,
     reranker_files,
-    wait_for,
 )
 
 from keymem_daemon.config import Settings
@@ -75,6 +76,11 @@ def hub(minilm: dict[str, bytes], cross_encoder: bytes) -> Iterator[FakeHub]:
         yield served
 
 
+HUB_TIMEOUT: Final = 30.0
+"""A read from the in-process fake hub: milliseconds here, but a busy 2-core machine can keep
+its thread off the CPU for seconds. Tests of the timeout itself pass their own, shorter one."""
+
+
 def settings_for(tmp_path: Path, endpoint: str, **changes: object) -> Settings:
     base = Settings(
         data_dir=tmp_path / "data",
@@ -82,7 +88,7 @@ def settings_for(tmp_path: Path, endpoint: str, **changes: object) -> Settings:
         embed_threads=1,
         rerank_threads=1,
         hf_endpoint=endpoint,
-        download_timeout=2.0,
+        download_timeout=HUB_TIMEOUT,
     )
     return base.replace(**changes)
 
@@ -314,7 +320,7 @@ def test_an_unknown_repository_file_is_a_model_error(tmp_path: Path, hub: FakeHu
         fingerprint="x",
     )
     with pytest.raises(ModelError, match="not found"):
-        ensure_model(spec, tmp_path / "nope", endpoint=hub.url, timeout=2.0)
+        ensure_model(spec, tmp_path / "nope", endpoint=hub.url, timeout=HUB_TIMEOUT)
 
 
 def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: FakeHub) -> None:
@@ -327,18 +333,18 @@ def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: Fak
 
     def fetch(name: str) -> None:
         try:
-            results[name] = ensure_model(BGE_M3_SPEC, dest, endpoint=hub.url, timeout=5.0)
+            results[name] = ensure_model(BGE_M3_SPEC, dest, endpoint=hub.url, timeout=HUB_TIMEOUT)
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
 
     first = threading.Thread(target=fetch, args=("first",))
     first.start()
-    wait_for(lambda: bool(hub.requested("GET")), 5, "the first GET")
+    wait_for(lambda: bool(hub.requested("GET")), 5, message="the first GET")
     second = threading.Thread(target=fetch, args=("second",))
     second.start()
     hub.gate.set()
-    first.join(timeout=20)
-    second.join(timeout=20)
+    first.join(timeout=READY_TIMEOUT)
+    second.join(timeout=READY_TIMEOUT)
 
     assert not errors
     assert sorted(results) == ["first", "second"]
@@ -355,7 +361,7 @@ def test_a_running_download_is_logged_with_its_progress(
     caplog.set_level(logging.INFO, logger="keymem_daemon")
     monkeypatch.setattr(download, "PROGRESS_LOG_INTERVAL", 0.0)
 
-    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=2.0)
+    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=HUB_TIMEOUT)
 
     lines = keymem_records(caplog)
     assert any(line.startswith("downloading bge-m3 model.onnx: ") and line.endswith("/22.9 MB")
@@ -431,14 +437,14 @@ def test_the_manager_never_waits_for_a_download_and_scores_once_it_finished(
 
         assert first is None
         assert elapsed < 0.1, elapsed
-        wait_for(lambda: progress.get(RERANKER_SPEC.name).state == "downloading", 5, "download")
+        wait_for(lambda: progress.get(RERANKER_SPEC.name).state == "downloading", 5, message="download")
         status = manager.status()
         assert status["state"] == "downloading" and status["ranking"] == "fused"
         assert status["download"]["state"] == "downloading"
         assert manager.score("apple", TEXTS) is None
 
         hub.gate.set()
-        wait_for(lambda: manager.score("q", TEXTS) is not None, 20, "reranker ready")
+        wait_for(lambda: manager.score("q", TEXTS) is not None, READY_TIMEOUT, message="reranker ready")
     finally:
         hub.gate.set()
         manager.close()
@@ -455,7 +461,7 @@ def test_the_manager_uses_a_cached_model_without_any_request(
 ) -> None:
     manager = RerankerManager(settings_for(tmp_path, hub.url, rerank_model_path=reranker_dir))
     manager.start()
-    wait_for(lambda: manager.state == "ready", 20, "reranker ready")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="reranker ready")
     manager.close()
 
     assert manager.score("q", TEXTS) == pytest.approx(EXPECTED)
@@ -469,7 +475,7 @@ def test_the_manager_offline_stays_fused_and_logs_one_line(
     manager = RerankerManager(settings_for(tmp_path, closed_port_url(), rerank="auto"))
 
     assert manager.score("q", TEXTS) is None
-    wait_for(lambda: manager.state == "failed", 5, "the fetch to fail")
+    wait_for(lambda: manager.state == "failed", 5, message="the fetch to fail")
     for _ in range(20):
         assert manager.score("q", TEXTS) is None
     manager.close()
@@ -491,7 +497,7 @@ def test_the_manager_retries_after_its_backoff_only(
                               clock=lambda: now[0], retry_backoff=600.0)
     hub.fail_status = 503
     manager.start()
-    wait_for(lambda: manager.state == "failed", 5, "the fetch to fail")
+    wait_for(lambda: manager.state == "failed", 5, message="the fetch to fail")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "HTTP 503" in warnings[0].getMessage()
 
@@ -503,7 +509,7 @@ def test_the_manager_retries_after_its_backoff_only(
 
     now[0] += 2.0
     assert manager.score("q", TEXTS) is None  # starts the retry, does not wait for it
-    wait_for(lambda: manager.state == "ready", 20, "the retry to succeed")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="the retry to succeed")
     manager.close()
     assert manager.score("q", TEXTS) == pytest.approx(EXPECTED)
 
@@ -519,7 +525,7 @@ def test_a_reranker_that_fails_to_run_is_dropped_then_reloaded_after_the_backoff
         clock=lambda: now[0], retry_backoff=60.0,
     )
     manager.start()
-    wait_for(lambda: manager.state == "ready", 20, "reranker ready")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="reranker ready")
 
     def broken(self: OnnxReranker, query: str, texts: object) -> list[float]:
         raise RuntimeError("onnxruntime: bad alloc")
@@ -534,7 +540,7 @@ def test_a_reranker_that_fails_to_run_is_dropped_then_reloaded_after_the_backoff
     monkeypatch.undo()
     now[0] += 61.0
     manager.start()
-    wait_for(lambda: manager.state == "ready", 20, "reranker reloaded")
+    wait_for(lambda: manager.state == "ready", READY_TIMEOUT, message="reranker reloaded")
     manager.close()
     assert manager.score("q", TEXTS) == pytest.approx(EXPECTED)
     # The reload re-checked the files with the hub (a run failure may mean a bad file).
@@ -549,7 +555,7 @@ def test_closing_the_manager_stops_a_download_quietly(
     hub.gate.clear()  # the CDN never sends the model while the test runs
     try:
         manager.start()
-        wait_for(lambda: bool(hub.requested("GET")), 5, "the download to start")
+        wait_for(lambda: bool(hub.requested("GET")), 5, message="the download to start")
         started = time.monotonic()
         manager.close()
         elapsed = time.monotonic() - started
@@ -564,7 +570,7 @@ def test_closing_the_manager_stops_a_download_quietly(
 
 
 def test_downloaded_files_are_not_left_writable_by_others(tmp_path: Path, hub: FakeHub) -> None:
-    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=2.0)
+    ensure_model(BGE_M3_SPEC, tmp_path / "m", endpoint=hub.url, timeout=HUB_TIMEOUT)
 
     mode = os.stat(tmp_path / "m" / "model.onnx").st_mode
     assert not mode & 0o002

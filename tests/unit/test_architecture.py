@@ -40,7 +40,6 @@ PACKAGES: Final = ("keymem_daemon", "keymem_shim")
 ALLOWED_CYCLES: Final[frozenset[frozenset[str]]] = frozenset(
     {
         frozenset({"keymem_daemon.cli", "keymem_daemon.cli_inspect"}),
-        frozenset({"keymem_daemon.runtime", "keymem_daemon.verified"}),
     }
 )
 """Import cycles, each as the set of modules in it (a strongly connected component)."""

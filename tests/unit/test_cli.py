@@ -19,8 +19,9 @@ from keymem_daemon.config import Settings
 pytestmark = pytest.mark.timeout(60)
 
 COMMANDS = {"start", "stop", "status", "run", "logs", "install-service", "export", "import",
-            "ui", "search", "show", "forget", "keys", "activity", "restore"}
-REPORTING = COMMANDS - {"run"}
+            "ui", "search", "show", "forget", "keys", "activity", "restore", "team"}
+# ``team`` is a group: its subcommands report (test_team_subcommands_have_examples_and_take_json).
+REPORTING = COMMANDS - {"run", "team"}
 HEAVY = (
     "numpy",
     "onnxruntime",
@@ -58,6 +59,15 @@ def test_every_command_has_help_ending_with_an_example(tmp_path: Path, name: str
 @pytest.mark.parametrize("name", sorted(REPORTING))
 def test_every_reporting_command_takes_json(name: str) -> None:
     assert "as_json" in {p.name for p in cli.commands[name].params}, name
+
+
+def test_team_subcommands_have_examples_and_take_json() -> None:
+    team = cli.commands["team"]
+    assert isinstance(team, click.Group) and set(team.commands) == {"grant", "revoke", "list"}
+    for name, command in team.commands.items():
+        example = (command.help or "").rstrip().rsplit("Example:", 1)[-1]
+        assert f"keymemd team {name}" in example, name
+        assert "as_json" in {p.name for p in command.params}, name
 
 
 def test_version(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from keymem_daemon.engine.validate import key_id_arg, namespace_arg, require_str
 from keymem_daemon.errors import NotFound, Refused
 
 if TYPE_CHECKING:
-    from keymem_daemon.engine.retrieval import Member
+    from keymem_daemon.engine.reads.recall import Member
 
 logger = logging.getLogger(__name__)
 

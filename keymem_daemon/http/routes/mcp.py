@@ -71,11 +71,11 @@ async def get_instructions(service: ServiceDep, workers: WorkersDep, hook: HookD
 @router.get("/v1/prompts", response_model=PromptsOut)
 async def list_prompts(service: ServiceDep, workers: WorkersDep) -> PromptsOut:
     """The MCP prompts."""
-    return await workers.run(lambda: PromptsOut.model_validate({"prompts": service.prompts()}), quick=True)
+    return await workers.run(lambda: PromptsOut.from_domain(service.prompts()), quick=True)
 
 
 @router.get("/v1/prompts/{name}", response_model=PromptOut, responses=NOT_FOUND)
 async def get_prompt(name: str, service: ServiceDep, workers: WorkersDep, hook: HookDep) -> PromptOut:
     """One MCP prompt, rendered."""
-    return await workers.run(lambda: PromptOut.model_validate(service.get_prompt(name, hook_installed=hook)),
+    return await workers.run(lambda: PromptOut.from_domain(service.get_prompt(name, hook_installed=hook)),
                              quick=True)

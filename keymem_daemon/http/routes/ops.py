@@ -33,7 +33,7 @@ async def health(
                                        description="A fresh client nonce; the answer's proof signs it.")] = None,
 ) -> HealthOut:
     """Liveness and readiness (`starting` -> `ready`); no token needed."""
-    out = HealthOut.model_validate(service.health())
+    out = HealthOut.from_domain(service.health())
     if nonce is not None:
         out.proof = runtime.health_proof(lifecycle.token, nonce, pid=out.pid, started_at=lifecycle.started_at)
     return out

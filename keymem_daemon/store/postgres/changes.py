@@ -9,16 +9,32 @@ finished. ``read_changes(conn, cursor)`` returns the rows of transactions in
 ``[cursor, horizon)`` -- all finished, so all visible if they committed -- and ``horizon`` as
 the next cursor; a transaction still running is read next time. A follower that was away
 calls it with its last cursor and catches up; one that starts loads its state and takes
-``horizon(conn)`` in the same snapshot. Row-level security applies: a role reads the change
+``horizon(conn)`` in the same snapshot. ``ChangeFollower`` does this in a thread, woken by
+``NOTIFY keymem_changes``. Row-level security applies: a role reads the change
 rows of the namespaces it may read (and the shared vocabulary's).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import psycopg
+
+from keymem_daemon.store.postgres.schema import NOTIFY_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+WAKE_INTERVAL: Final = 1.0
+"""Seconds a follower waits for a NOTIFY before looking anyway: the bound on how late a change
+is read when its notification came while an older transaction was still open."""
+CONNECT_TIMEOUT: Final = 5
+RECONNECT_BACKOFF: Final = 0.5
+"""Seconds before the first reconnect after the connection was lost, doubling each time."""
+MAX_RECONNECT_BACKOFF: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +65,56 @@ def read_changes(conn: psycopg.Connection[Any], cursor: int) -> tuple[list[Chang
         "ORDER BY c.seq", (str(cursor),)).fetchall()
     changes = [Change(seq=int(r[1]), namespace=r[2], kind=r[3], id=r[4], op=r[5]) for r in rows if r[1] is not None]
     return changes, int(rows[0][0])
+
+
+class ChangeFollower:
+    """Follows the change log from ``cursor`` on a connection of its own, in a thread: wakes on
+    ``NOTIFY keymem_changes`` (at every COMMIT that changed something), reads what finished
+    since its cursor and hands it to ``on_changes`` (in ``seq`` order, never empty). A lost
+    connection is reopened with backoff and the follower catches up from its cursor, so a
+    change made meanwhile arrives late rather than never. ``cursor`` is then where it got to:
+    what a daemon keeps to resume after a restart."""
+
+    def __init__(self, url: str, cursor: int, on_changes: Callable[[list[Change]], None]) -> None:
+        self.cursor = cursor
+        self._url = url
+        self._on_changes = on_changes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keymem-changes", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following (within ``WAKE_INTERVAL``)."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        delay = RECONNECT_BACKOFF
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    delay = RECONNECT_BACKOFF
+                    while not self._stop.is_set():
+                        self._catch_up(conn)
+                        # Woken by a NOTIFY, or after WAKE_INTERVAL: a change whose transaction
+                        # was still open behind another one is read on a later round.
+                        for _ in conn.notifies(timeout=WAKE_INTERVAL, stop_after=1):
+                            pass
+            except psycopg.OperationalError as exc:
+                logger.warning("lost the change log's connection (%s); reconnecting in %.1f s",
+                               str(exc).strip(), delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, MAX_RECONNECT_BACKOFF)
+
+    def _catch_up(self, conn: psycopg.Connection[Any]) -> None:
+        changes, cursor = read_changes(conn, self.cursor)
+        if changes:
+            try:
+                self._on_changes(changes)
+            except Exception:
+                logger.exception("applying %d changes failed; they are read again", len(changes))
+                return
+        self.cursor = cursor

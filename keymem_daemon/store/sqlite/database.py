@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS: Final = 10_000
+ANALYSIS_LIMIT: Final = 400
+"""Rows ANALYZE samples per index: SQLite's recommended bound (about 20 ms at 10k memories)."""
 # SQLite's primary result codes for a damaged file (``sqlite3.Error.sqlite_errorcode``), and
 # their messages (Python 3.10 has no error codes).
 _DAMAGED_CODES: Final = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -379,6 +381,17 @@ class Store:
             conn.execute("COMMIT")
 
     # -- maintenance ---------------------------------------------------------------------
+
+    def analyze(self) -> None:
+        """Refresh the query planner's statistics (by the scheduler's cleanup and after an
+        import). Without them SQLite takes ``namespace = ?`` for a selective index, and a
+        namespace-scoped recall scans the namespace for each key (a hub key's members at 10k
+        memories: 145 ms against 47 ms)."""
+        def analyze(conn: sqlite3.Connection) -> None:
+            conn.execute(f"PRAGMA analysis_limit = {ANALYSIS_LIMIT}")
+            conn.execute("ANALYZE")
+
+        self._exclusive(analyze)
 
     def checkpoint(self) -> None:
         """Fold the WAL into the main file (called by the scheduler and at close)."""

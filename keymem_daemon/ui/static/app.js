@@ -11,6 +11,7 @@ const main = document.getElementById("main");
 const statusLine = document.getElementById("status");
 const ACTIVITY_POLL_MS = 2000;
 let activityTimer = null;
+let activityStream = null;
 
 // -- helpers ------------------------------------------------------------------------------
 
@@ -455,18 +456,37 @@ async function viewActivity(hash) {
   show(heading("Activity"), el("div", { class: "row" }, kindSelect, state), feed);
   let latest = 0;
   const kind = p.get("kind") || "";
+  function add(entries) {
+    for (const e of entries) {
+      if (e.id <= latest || feed.querySelector('[data-id="' + e.id + '"]')) continue;
+      feed.prepend(entryRow(e));
+    }
+    if (!feed.children.length) feed.replaceChildren(el("p", { class: "muted empty" }, "Nothing yet."));
+    else feed.querySelector(".empty")?.remove();
+  }
   async function poll() {
     try {
       const data = await api("/activity?after=" + latest + "&limit=100" + (kind ? "&kind=" + kind : ""));
       if (!data.enabled) state.textContent = "The activity log is off (KEYMEM_INJECT_LOG=off).";
-      for (const e of data.entries.slice().reverse()) feed.prepend(entryRow(e));
+      add(data.entries.slice().reverse());
       latest = Math.max(latest, data.latest_id);
-      if (!feed.children.length) feed.replaceChildren(el("p", { class: "muted empty" }, "Nothing yet."));
-      else feed.querySelector(".empty")?.remove();
     } catch (e) { say(e.message, true); }
   }
   await poll();
-  activityTimer = setInterval(poll, ACTIVITY_POLL_MS);
+  // Live: server-sent events; polling if the browser has no EventSource or the stream fails.
+  if (typeof EventSource === "undefined") { activityTimer = setInterval(poll, ACTIVITY_POLL_MS); return; }
+  const stream = new EventSource("/ui/api/activity/stream?after=" + latest + (kind ? "&kind=" + kind : ""));
+  activityStream = stream;
+  stream.addEventListener("entry", (event) => {
+    const e = JSON.parse(event.data);
+    add([e]);
+    latest = Math.max(latest, e.id);
+  });
+  stream.addEventListener("error", () => {
+    if (stream.readyState !== EventSource.CLOSED || activityStream !== stream) return;
+    activityStream = null;
+    activityTimer = setInterval(poll, ACTIVITY_POLL_MS);
+  });
 }
 
 // -- health -------------------------------------------------------------------------------
@@ -480,6 +500,7 @@ async function viewHealth() {
   const s = h.stats;
   const rr = s.reranker || {};
   const fileInput = el("input", { type: "file", id: "import-file", accept: "application/json,.json", "aria-label": "Export file to import" });
+  const outcome = el("div", { id: "import-outcome", "aria-live": "polite" });
   const log = h.settings.activity_log;
   show(
     heading("Health"),
@@ -505,21 +526,41 @@ async function viewHealth() {
           Math.round(b.bytes / 1024) + " KiB", when(b.modified)])) : el("p", { class: "muted" }, "No backups yet."),
         el("h2", {}, "Export and import"),
         el("p", {}, el("a", { href: "/ui/api/export", download: "keymem-export.json", id: "export" }, "Download an export (JSON)")),
-        el("div", { class: "row" }, fileInput, el("button", { type: "button", id: "import-btn", onclick: async () => {
-          const file = fileInput.files[0];
-          if (!file) { say("Choose an export file first", true); return; }
-          try {
-            const data = JSON.parse(await file.text());
-            const result = await api("/import", { method: "POST", body: data });
-            say("Imported: " + JSON.stringify(result.result));
-          } catch (e) { say("Import failed: " + e.message, true); }
-        } }, "Import")))));
+        el("div", { class: "row" }, fileInput, el("button", { type: "button", id: "import-btn", onclick: () => importFile(fileInput, outcome) }, "Import")),
+        outcome)));
+}
+
+// An export file, read in the page and sent to /ui/api/import: the engine's import, one
+// transaction, so a refused file changes nothing.
+async function importFile(fileInput, outcome) {
+  const file = fileInput.files[0];
+  if (!file) { say("Choose an export file first", true); return; }
+  const failed = (message) => {
+    outcome.replaceChildren(el("p", { class: "error", id: "import-error", role: "alert" },
+      "Import failed, nothing was changed: " + message));
+    say("Import failed", true);
+  };
+  let data;
+  try { data = JSON.parse(await file.text()); } catch (e) {
+    failed(file.name + " is not a keymem export: it is not JSON (" + e.message + ")");
+    return;
+  }
+  outcome.replaceChildren(el("p", { class: "muted" }, "Importing " + file.name + " … ", el("progress", { "aria-label": "Importing" })));
+  try {
+    const result = (await api("/import", { method: "POST", body: data })).result;
+    const kinds = [...new Set([...Object.keys(result.imported || {}), ...Object.keys(result.skipped || {})])];
+    outcome.replaceChildren(el("p", { id: "import-done" }, "Imported " + file.name + ":"),
+      table(["", "imported", "skipped (already here)"], kinds.map((k) => [k,
+        String((result.imported || {})[k] || 0), String((result.skipped || {})[k] || 0)])));
+    say("Import done");
+  } catch (e) { failed(e.message); }
 }
 
 // -- routing ------------------------------------------------------------------------------
 
 function route() {
   if (activityTimer !== null) { clearInterval(activityTimer); activityTimer = null; }
+  if (activityStream !== null) { activityStream.close(); activityStream = null; }
   const hash = location.hash || "#/search";
   const view = hash.slice(2).split(/[/?]/)[0] || "search";
   for (const link of document.querySelectorAll("nav a")) {

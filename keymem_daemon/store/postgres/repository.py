@@ -1,0 +1,195 @@
+"""The PostgreSQL store as the engine's repository: ``read(fn)`` and ``write(fn)`` units of
+work on a psycopg connection pool, many daemons on one database.
+
+- **Every unit is one transaction.** ``read`` runs ``fn`` in a REPEATABLE READ, READ ONLY
+  transaction (one snapshot, as SQLite's deferred read transaction); ``write`` in a
+  SERIALIZABLE one that commits when ``fn`` returns and rolls back on any exception.
+- **Races are the database's business.** With one SQLite writer the engine's
+  read-then-write steps (is there a key with this text? what is this link's weight?) never
+  interleave; with many daemons they would. SERIALIZABLE makes PostgreSQL refuse the later
+  of two transactions whose reads and writes overlap (SQLSTATE 40001), and a unique
+  violation (23505: the same idempotency key or id from two daemons at once) or a deadlock
+  (40P01) is refused the same way; ``write`` then runs ``fn`` again, from scratch, on a new
+  snapshot -- where it finds the key the other daemon just created, or the weight it just
+  set -- up to ``WRITE_ATTEMPTS`` times. So two daemons creating the same key get one key
+  and two reinforcements of one link both count, without the engine knowing. ``fn`` must
+  therefore do nothing outside the transaction but register ``after_commit`` callbacks
+  (which is how the engine's writes are built); callbacks of a failed attempt are dropped.
+- **Errors name the server.** A connection that fails or drops becomes ``StoreError``
+  naming ``host:port/database as role`` -- never the password; a write row-level security
+  refuses (no write grant on the namespace) becomes ``Refused``.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
+
+import psycopg
+from psycopg import IsolationLevel, errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from keymem_daemon.config import describe_store_url
+from keymem_daemon.errors import Conflict, Refused, StoreError
+from keymem_daemon.store.postgres import schema
+from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
+from keymem_daemon.store.postgres.keys import PgKeyRows
+from keymem_daemon.store.postgres.memories import PgMemoryRows
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WRITE_ATTEMPTS: Final = 8
+"""Runs of one write before giving up: each refusal means another daemon's write just won,
+so a handful of daemons contending for one row settle in a few attempts."""
+RETRY_BACKOFF: Final = 0.005
+"""Seconds before the first retry, doubling (with jitter) each time: long enough for the
+winning transaction to commit, short against a remember's 30 ms budget."""
+POOL_SIZE: Final = 4
+"""Connections per daemon: the HTTP worker threads' concurrent units, not more (the server's
+max_connections is shared by every daemon of the team)."""
+POOL_TIMEOUT: Final = 5.0
+"""Seconds a unit waits for a connection before saying the server does not answer: a write
+fails clearly rather than hang the shim or the hook while the server is down."""
+CONNECT_TIMEOUT: Final = 5
+"""libpq's connect_timeout (whole seconds)."""
+RECONNECT_TIMEOUT: Final = 24 * 3600.0
+"""How long the pool keeps trying to reconnect in the background after the server went away
+(with backoff) before it gives up on it: a server down for a weekend is still found again."""
+# SQLSTATEs after which running the unit again can succeed.
+_RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
+
+
+@dataclass(slots=True)
+class PgReader(PgMemoryRows, PgKeyRows, PgInspectRows):
+    """One snapshot of the database, on a pooled connection."""
+
+    _conn: psycopg.Connection[Any]
+
+
+@dataclass(slots=True)
+class PgWriter(PgReader, PgInspectWriteRows):
+    """A write transaction in progress: its operations, and work to do after COMMIT."""
+
+    _after: list[Callable[[], object]] = field(default_factory=list)
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        self._after.append(callback)
+
+
+class PostgresRepository:
+    """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``)."""
+
+    def __init__(self, url: str, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
+        self.where = describe_store_url(url)
+        self.found: Literal["store", "missing", "empty"] = "store"
+        self.lost: str | None = None
+        self._pool = pool
+
+    @classmethod
+    def open(cls, url: str, *, pool_size: int = POOL_SIZE) -> PostgresRepository:
+        """Connect, and bring the schema up to date (the first daemon of a team, as owner,
+        creates it; a member finds it there). Fails with ``StoreError`` naming the server."""
+        where = describe_store_url(url)
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT}, name="keymem",
+            # Each checkout proves its connection alive (one round trip): after the server
+            # restarts, the first unit gets a new connection instead of failing on a dead one.
+            check=ConnectionPool.check_connection,
+            # Reconnecting after an outage backs off from 1 s up to a minute (psycopg_pool's).
+            reconnect_timeout=RECONNECT_TIMEOUT)
+        try:
+            pool.open(wait=True, timeout=POOL_TIMEOUT)
+            with pool.connection() as conn:
+                found = schema.schema_version(conn)
+                conn.commit()
+                schema.migrate(conn, where=where)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            pool.close()
+            raise StoreError(f"cannot reach the store at {where}: {str(exc).strip()}") from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            pool.close()
+            raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
+                             f"not change it ({str(exc).strip()}); ask the database owner to run keymem once"
+                             ) from None
+        except BaseException:
+            pool.close()
+            raise
+        repository = cls(url, pool)
+        repository.found = "missing" if found == 0 else "store"
+        return repository
+
+    # -- units of work ----------------------------------------------------------------------
+
+    def read(self, fn: Callable[[PgReader], T]) -> T:
+        """Run ``fn`` inside one read-only snapshot."""
+        try:
+            with self._pool.connection() as conn:
+                conn.isolation_level = IsolationLevel.REPEATABLE_READ
+                conn.read_only = True
+                with conn.transaction():
+                    return fn(PgReader(conn))
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
+
+    def write(self, fn: Callable[[PgWriter], T]) -> T:
+        """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
+        refuses it for a concurrent write; then its ``after_commit`` callbacks, in order."""
+        delay, attempt = RETRY_BACKOFF, 0
+        while True:
+            attempt += 1
+            try:
+                with self._pool.connection() as conn:
+                    conn.isolation_level = IsolationLevel.SERIALIZABLE
+                    conn.read_only = False
+                    writer = PgWriter(conn)
+                    with conn.transaction():
+                        result = fn(writer)
+            except _RETRYABLE as exc:
+                if attempt == WRITE_ATTEMPTS:
+                    raise Conflict(f"the store at {self.where} refused the write {WRITE_ATTEMPTS} times for "
+                                   f"concurrent writes ({exc.sqlstate}); try again") from None
+                logger.debug("write refused (%s), attempt %d of %d", exc.sqlstate, attempt, WRITE_ATTEMPTS)
+                time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
+                delay *= 2
+                continue
+            except errors.InsufficientPrivilege as exc:
+                # Row-level security: the namespace was not granted to this role for writing.
+                raise Refused(f"the store at {self.where} refused the write: {str(exc).strip()} (ask the "
+                              "database owner for a write grant: keymemd team grant NAMESPACE ROLE --write)") from None
+            except (PoolTimeout, psycopg.OperationalError) as exc:
+                raise StoreError(f"the store at {self.where} refused the write or does not answer: "
+                                 f"{str(exc).strip()}; nothing was written") from None
+            for callback in writer._after:
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("an after-commit step failed; the in-memory index may lag")
+            return result
+
+    # -- the Repository protocol's file-store operations ---------------------------------
+
+    def check_files(self) -> str | None:
+        """No files: the server keeps the data (None: nothing lost)."""
+        return self.lost
+
+    def checkpoint(self) -> None:
+        """Nothing to fold: PostgreSQL checkpoints by itself."""
+
+    def backup_to(self, dest: Path) -> None:
+        raise StoreError(f"the store at {self.where} is backed up by its server (pg_dump), not by keymemd; "
+                         f"{dest} was not written")
+
+    def integrity_check(self) -> str:
+        """The server guards its pages; what keymem can check is that the store answers."""
+        self.read(lambda reader: reader.key_count())
+        return "ok"
+
+    def close(self) -> None:
+        self._pool.close()
