@@ -311,29 +311,6 @@ def inspected(graph: MemoryGraph, clock: FakeClock, key_id: str) -> Any:
     return pages, graph.store.read(read)
 
 
-def test_the_engine_gives_the_same_answers_on_sqlite_and_in_memory(
-        tmp_path: Path, embedder: Embedder, analyzer: Analyzer, monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = []
-    for name in ("sqlite", "memory"):
-        # Ids (secrets.token_hex) and batch ids (uuid4) are random: number them in order,
-        # afresh for each run.
-        ids, uuids = itertools.count(), itertools.count()
-        monkeypatch.setattr(secrets, "token_hex", lambda n, ids=ids: f"{next(ids):0{2 * n}x}")
-        monkeypatch.setattr(uuid, "uuid4", lambda uuids=uuids: uuid.UUID(int=next(uuids)))
-        clock, settings = FakeClock(), Settings(data_dir=tmp_path / name)
-        graph = (open_graph(tmp_path / name / "keymem.db", embedder, settings, clock, analyzer) if name == "sqlite"
-                 else MemoryGraph.over(InMemoryRepository(), embedder, settings,  # type: ignore[arg-type]
-                                       clock=clock, analyzer=analyzer))
-        try:
-            answers.append(session(graph, clock))
-        finally:
-            graph.close()
-    sqlite, memory = answers
-    assert len(memory) == len(sqlite)
-    for on_sqlite, in_memory in zip(sqlite, memory, strict=True):
-        assert in_memory == on_sqlite
-
-
 def searched(graph: MemoryGraph, clock: FakeClock) -> Any:
     """What retrieval's and export's reads answer (through the ports), ties in id order."""
     now = clock.now
@@ -379,3 +356,26 @@ def reinforced(graph: MemoryGraph, clock: FakeClock) -> Any:
 
     graph.store.write(write)
     return graph.store.read(lambda r: r.export_rows(include_vectors=False))
+
+
+def test_the_engine_gives_the_same_answers_on_sqlite_and_in_memory(
+        tmp_path: Path, embedder: Embedder, analyzer: Analyzer, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = []
+    for name in ("sqlite", "memory"):
+        # Ids (secrets.token_hex) and batch ids (uuid4) are random: number them in order,
+        # afresh for each run.
+        ids, uuids = itertools.count(), itertools.count()
+        monkeypatch.setattr(secrets, "token_hex", lambda n, ids=ids: f"{next(ids):0{2 * n}x}")
+        monkeypatch.setattr(uuid, "uuid4", lambda uuids=uuids: uuid.UUID(int=next(uuids)))
+        clock, settings = FakeClock(), Settings(data_dir=tmp_path / name)
+        graph = (open_graph(tmp_path / name / "keymem.db", embedder, settings, clock, analyzer) if name == "sqlite"
+                 else MemoryGraph.over(InMemoryRepository(), embedder, settings,  # type: ignore[arg-type]
+                                       clock=clock, analyzer=analyzer))
+        try:
+            answers.append(session(graph, clock))
+        finally:
+            graph.close()
+    sqlite, memory = answers
+    assert len(memory) == len(sqlite)
+    for on_sqlite, in_memory in zip(sqlite, memory, strict=True):
+        assert in_memory == on_sqlite
