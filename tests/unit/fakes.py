@@ -20,11 +20,12 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, get_args
 
 import numpy as np
 
-from keymem_daemon.engine.keys import KeyInfo, MemberState
+from keymem_daemon.engine.freshness import DecayProfile
+from keymem_daemon.engine.keys import KeyInfo, KeyType, MemberState
 from keymem_daemon.engine.ports import (
     ActivityEntry,
     ActivityRow,
@@ -39,6 +40,8 @@ from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import StoreError
 from keymem_daemon.inference.embedders import ThresholdProfile, Vectors, l2_normalize
 from keymem_daemon.store.sqlite.database import MIGRATIONS
+from keymem_daemon.store.sqlite.search import LEXICAL_WEIGHTS
+from keymem_daemon.store.sqlite.transfer import MEMORY_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -106,22 +109,15 @@ class HashingEmbedder:
 
 # -- an in-memory repository -------------------------------------------------------------------
 
-# A memory's fields as an export lists them and an import writes them (store/sqlite/transfer.py).
-_MEMORY_FIELDS: Final = (
-    "id", "content", "namespace", "depth", "access_count", "created_at", "updated_at", "last_accessed",
-    "observed_at", "last_confirmed_at", "confirmation_count", "decay_profile", "last_confirmation_evidence",
-    "last_confirmation_source", "last_confirmation_id", "expires_at", "supersedes", "superseded_by", "source",
-)
 # What the SQLite schema's CHECK constraints allow.
-_KEY_TYPES: Final = frozenset({"concept", "name", "proper_noun"})
-_DECAY_PROFILES: Final = frozenset({"transient", "standard", "stable", "permanent"})
-# The lexical index's BM25 as SQLite FTS5 computes it (fts5_aux.c): its k1 and b, the floor of
-# a term's idf (a term in over half the rows), and the column weights store/sqlite/search.py
-# passes to bm25() for (content_tokens, key_tokens).
+_KEY_TYPES: Final = frozenset(get_args(KeyType))
+_DECAY_PROFILES: Final = frozenset(get_args(DecayProfile))
+# The lexical index's BM25 as SQLite FTS5 computes it (fts5_aux.c): its k1 and b, and the
+# floor of a term's idf (a term in over half the rows); the column weights are the ones
+# store/sqlite/search.py passes to bm25() (LEXICAL_WEIGHTS).
 _BM25_K1: Final = 1.2
 _BM25_B: Final = 0.75
 _BM25_MIN_IDF: Final = 1e-6
-_LEXICAL_WEIGHTS: Final = (1.0, 0.6)
 # An export of this store records the schema of the SQLite store (its migrations, all
 # applied), so an export moves between the two.
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -265,6 +261,9 @@ class InMemoryReader:
 
     def count_active(self, namespace: str | None, now: float) -> int:
         return len(self._active(now, namespace))
+
+    def memory_rows(self) -> int:
+        return len(self._tables.memories)
 
     def active_page(self, namespace: str | None, now: float, limit: int, offset: int) -> tuple[int, list[Memory]]:
         active = self._active(now, namespace)
@@ -457,7 +456,7 @@ class InMemoryReader:
         columns = {rowid: (_fts_tokens(content), _fts_tokens(keys)) for rowid, (content, keys) in
                    self._tables.fts.items()}
         avgdl = sum(len(c) + len(k) for c, k in columns.values()) / len(columns)
-        freqs = {rowid: [sum(w * _occurrences(p, col) for w, col in zip(_LEXICAL_WEIGHTS, cols, strict=True))
+        freqs = {rowid: [sum(w * _occurrences(p, col) for w, col in zip(LEXICAL_WEIGHTS, cols, strict=True))
                          for p in phrases] for rowid, cols in columns.items()}
         idf = []
         for i in range(len(phrases)):
@@ -536,7 +535,7 @@ class InMemoryReader:
             keys.append(item)
         memories = []
         for _, stored in sorted(t.memories.items()):
-            item = {name: getattr(stored.memory, name) for name in _MEMORY_FIELDS}
+            item = {name: getattr(stored.memory, name) for name in MEMORY_FIELDS}
             if include_vectors:
                 item["vector"] = stored.vector
             memories.append(item)
@@ -873,7 +872,7 @@ class InMemoryWriter(InMemoryReader):
         self._tables.aliases.setdefault((key_id, norm), StoredAlias(alias, compact, learned, added_at, hits))
 
     def import_memory(self, fields: Mapping[str, Any], dedup_hash: str, vector: bytes) -> None:
-        values = {name: fields[name] for name in _MEMORY_FIELDS}
+        values = {name: fields[name] for name in MEMORY_FIELDS}
         if values["id"] in self._tables.memories:
             raise ValueError("UNIQUE constraint failed: memories.id")
         if values["decay_profile"] not in _DECAY_PROFILES:

@@ -7,6 +7,7 @@ SQLite file and on the in-memory repository; the rows are read back through the 
 from __future__ import annotations
 
 import itertools
+import secrets
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,14 @@ from fakes import InMemoryRepository
 
 from keymem_daemon.activity_log import ActivityLog
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import graph as graph_module
 from keymem_daemon.engine.graph import Host, MemoryGraph
-from keymem_daemon.engine.ports import MemoryFilter, Reader
+from keymem_daemon.engine.ports import MemoryFilter, Reader, Writer
 from keymem_daemon.engine.reads import inject as push
-from keymem_daemon.engine.records import Memory
+from keymem_daemon.engine.records import Memory, render
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.inference.embedders import Embedder
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(30)]
-
-# Retrieval (recall, read_key, the push path) still reads SQL through the transitional
-# ``execute``: its tests run on SQLite only until those reads are ports (store/sqlite/search.py).
-SQLITE_ONLY = pytest.mark.parametrize("graph", ["sqlite"], indirect=True)
 
 DEPLOY = {"content": "Deploys go out on Fridays from the release branch",
           "keys": ["deployment", "Friday", "release branch"]}
@@ -181,7 +177,6 @@ def test_a_batch_is_saved_whole_and_a_rejected_write_changes_nothing(tools: Tool
 # -- reads: retrieval and the push path ---------------------------------------------------------
 
 
-@SQLITE_ONLY
 def test_a_remembered_fact_is_recalled_under_its_key_and_by_its_words(tools: Tools) -> None:
     ids = seed(tools)
     found = tools.ok("recall", {"query": "certificate"})
@@ -191,13 +186,11 @@ def test_a_remembered_fact_is_recalled_under_its_key_and_by_its_words(tools: Too
     assert recalled(tools, "when do deploys go out")[:1] == [ids["deploy"]]
 
 
-@SQLITE_ONLY
 def test_a_query_sharing_nothing_with_any_memory_finds_no_match(tools: Tools) -> None:
     seed(tools)
     assert tools.ok("recall", {"query": "quarterly tax"})["status"] == "no_match"
 
 
-@SQLITE_ONLY
 def test_recall_finds_the_current_version_only(tools: Tools) -> None:
     ids = seed(tools)
     new_id = tools.ok("correct", {"memory_id": ids["deploy"], "content": "Deploys go out on Tuesdays from main"})[
@@ -206,7 +199,6 @@ def test_recall_finds_the_current_version_only(tools: Tools) -> None:
     assert ids["deploy"] not in recalled(tools, "deploys go out")
 
 
-@SQLITE_ONLY
 def test_read_key_ranks_the_handles_under_a_key_by_the_query(tools: Tools) -> None:
     ids = seed(tools)
     other = tools.ok("remember", {"content": "Staging is rebuilt every night", "keys": ["staging", "nightly"]})
@@ -215,7 +207,6 @@ def test_read_key_ranks_the_handles_under_a_key_by_the_query(tools: Tools) -> No
     assert handles["memories"][0]["memory_id"] == ids["cert"], "the handle sharing the query's words ranks first"
 
 
-@SQLITE_ONLY
 def test_the_push_path_surfaces_the_memory_a_prompt_is_about_and_nothing_otherwise(
         tools: Tools, graph: MemoryGraph) -> None:
     ids = seed(tools)
@@ -228,7 +219,6 @@ def test_the_push_path_surfaces_the_memory_a_prompt_is_about_and_nothing_otherwi
     assert observable(tools) == before, "injecting never reinforces"
 
 
-@SQLITE_ONLY
 def test_the_push_path_holds_back_what_the_session_was_already_shown(tools: Tools, graph: MemoryGraph) -> None:
     ids = seed(tools)
     prompt = "the e2e run can't reach staging: the certificate is self-signed"
@@ -275,10 +265,23 @@ def session(graph: MemoryGraph, clock: FakeClock) -> list[Any]:
     clock.advance(2 * 3600)
     call("cleanup_expired")
     call("browse_keys")
+    call("recall", {"query": "staging certificate"})
+    call("recall", {"query": "deploys", "context": "when do deploys go out?", "explain": True})
+    call("recall", {"query": "quarterly tax"})
+    call("recall_memories", {"query": "deploys go out on tuesdays"})
+    call("recall_memories", {"query": "editor dark mode", "namespace": "home"})
+    call("read_key", {"key_id": staging, "query": "certificate"})
+    call("read_key", {"key_id": staging})
+    for prompt in ("the e2e run can't reach staging: the certificate is self-signed",
+                   "Explain the difference between a process and a thread", "how do deploys get approved?"):
+        shown = render(push.inject(graph, prompt, scope=None))
+        out.append({k: v for k, v in shown.items() if k != "took_ms"})  # the wall clock's
     call("list_memories", {"namespace": "home"})
     out.append(observable(tools))
     out.append(graph.store.integrity_check())
     out.append(inspected(graph, clock, staging))
+    out.append(searched(graph, clock))
+    out.append(reinforced(graph, clock))
     return out
 
 
@@ -308,13 +311,61 @@ def inspected(graph: MemoryGraph, clock: FakeClock, key_id: str) -> Any:
     return pages, graph.store.read(read)
 
 
+def searched(graph: MemoryGraph, clock: FakeClock) -> Any:
+    """What retrieval's and export's reads answer (through the ports), ties in id order."""
+    now = clock.now
+
+    def ranked(pairs: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        return sorted(((mid, round(score, 9)) for mid, score in pairs), key=lambda p: (-p[1], p[0]))
+
+    def read(r: Reader) -> Any:
+        rows = r.export_rows(include_vectors=True)
+        ids = [m["id"] for m in rows["memories"]]
+        key_ids = [k["id"] for k in rows["keys"]]
+        tokens = r.indexed_tokens(ids)
+        words = sorted({t for content, keys in tokens.values() for t in content + keys})
+        out: list[Any] = [r.schema_version(), rows, tokens, r.links_by_memory(ids)]
+        for scope in (None, frozenset({"default"}), frozenset({"home"})):
+            out.append([ranked(r.lexical_hits(words[i:i + 3], scope, now, 5)) for i in range(0, len(words), 3)])
+            out.append({k: ranked(v) for k, v in r.key_members(key_ids, scope, now, 10).items()})
+            out.append(sorted(r.observed_between(0.0, now + DAY, scope, now, 10)))
+        for kid in key_ids:
+            out.append((sorted(r.key_links(kid)), sorted(r.key_links(kid, among=ids[:3])),
+                        [w for _, w in r.key_links(kid, strongest=2)]))
+        out.append({mid: sorted(r.related_either_way(mid)) for mid in ids})
+        return out
+
+    return graph.store.read(read)
+
+
+def reinforced(graph: MemoryGraph, clock: FakeClock) -> Any:
+    """The reinforcement writes a recall makes, on the key with the most links, and the store
+    after them."""
+    def members(r: Reader) -> tuple[str, list[str]]:
+        counts = r.link_counts()
+        key_id = max(sorted(counts), key=lambda k: counts[k])
+        return key_id, sorted(mid for mid, _ in r.key_links(key_id))
+
+    key_id, linked = graph.store.read(members)
+    assert len(linked) >= 2
+
+    def write(tx: Writer) -> None:
+        tx.mark_accessed(linked, clock.now)
+        tx.bump_links([(0.25, key_id, mid) for mid in linked] + [(5.0, key_id, linked[-1])], ceiling=2.0)
+        tx.decay_links([key_id], linked[:1], 1.9, floor=0.3)
+
+    graph.store.write(write)
+    return graph.store.read(lambda r: r.export_rows(include_vectors=False))
+
+
 def test_the_engine_gives_the_same_answers_on_sqlite_and_in_memory(
         tmp_path: Path, embedder: Embedder, analyzer: Analyzer, monkeypatch: pytest.MonkeyPatch) -> None:
     answers = []
     for name in ("sqlite", "memory"):
-        # Ids and batch ids are random: number them in order, afresh for each run.
+        # Ids (secrets.token_hex) and batch ids (uuid4) are random: number them in order,
+        # afresh for each run.
         ids, uuids = itertools.count(), itertools.count()
-        monkeypatch.setattr(graph_module, "new_id", lambda ids=ids: f"{next(ids):012x}")
+        monkeypatch.setattr(secrets, "token_hex", lambda n, ids=ids: f"{next(ids):0{2 * n}x}")
         monkeypatch.setattr(uuid, "uuid4", lambda uuids=uuids: uuid.UUID(int=next(uuids)))
         clock, settings = FakeClock(), Settings(data_dir=tmp_path / name)
         graph = (open_graph(tmp_path / name / "keymem.db", embedder, settings, clock, analyzer) if name == "sqlite"
