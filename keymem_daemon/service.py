@@ -22,10 +22,11 @@ from typing import Any, Final, Literal
 from keymem_daemon import activity_log, backups, transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import limits, transfer
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads import hybrid, query
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
 from keymem_daemon.mcp import instructions, tools
 

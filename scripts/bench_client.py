@@ -29,7 +29,7 @@ class ToolFailed(RuntimeError):
 class InProcess:
     def __init__(self, data_dir: Path) -> None:
         from keymem_daemon.config import Settings
-        from keymem_daemon.engine.graph import Host
+        from keymem_daemon.engine.writes.remember import Host
         from keymem_daemon.service import Service
 
         env = {**os.environ, "KEYMEM_DATA_DIR": str(data_dir), "KEYMEM_TOOLS": "full", "KEYMEM_RERANK": "false"}

@@ -64,8 +64,9 @@ def measure(data: Path, ops: int) -> dict[str, Any]:
     """Open the store at ``data`` in this (fresh) process and time the operations."""
     from keymem_daemon import allocators
     from keymem_daemon.config import Settings
-    from keymem_daemon.engine import retrieval
     from keymem_daemon.engine.graph import MemoryGraph
+    from keymem_daemon.engine.reads.hybrid import hybrid_recall
+    from keymem_daemon.engine.reads.recall import recall
     from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
 
     # As the daemon does: allocator settings, one BLAS thread, the piece table on disk.
@@ -93,7 +94,7 @@ def measure(data: Path, ops: int) -> dict[str, Any]:
         saved = graph.remember(request)
         times["remember"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        result = retrieval.recall(graph, query, top_k=8)
+        result = recall(graph, query, top_k=8)
         times["recall"].append(time.perf_counter() - t0)
         if result.keys:
             t0 = time.perf_counter()
@@ -105,7 +106,7 @@ def measure(data: Path, ops: int) -> dict[str, Any]:
                 graph.read_memory(handle.memory_id, via_key_id=result.keys[0].key_id)
                 times["read_memory"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        retrieval.hybrid_recall(graph, query, top_k=5, reinforce=False)
+        hybrid_recall(graph, query, top_k=5, reinforce=False)
         times["recall_memories"].append(time.perf_counter() - t0)
         assert getattr(saved, "saved", None)
     out = {"load_s": round(load, 2), "rss_before_open_mb": round(before), "rss_after_load_mb": round(after_load),

@@ -32,7 +32,7 @@ Baselines from the same candidates, in the same run:
   top1    always the first candidate, whatever its score
   top2    always the first two candidates
 The candidates are computed in this process, after the daemon stopped, on a copy of its store:
-``retrieval.hybrid_recall`` with the arguments main's ``retrieval.inject`` passes (top_k
+``reads.hybrid.hybrid_recall`` with the arguments main's ``retrieval.inject`` passes (top_k
 max(3k, 15), one hop, no reinforcement, the inject rerank budget), minus the hits main's inject
 never surfaces (BM25-only, date-only, hop-only and linked-only). That rule is frozen here on
 purpose, so the baselines stay "today" while the inject route's decision changes; only
@@ -149,14 +149,15 @@ def copy_store(source: Path, target: Path) -> None:
 def frozen_candidates(service: Any, prompt: str, cwd: str, mapping: dict[str, list[str]], top_k: int
                       ) -> list[Any]:
     """Main's inject candidates for a prompt, best first, before its floor (see the docstring)."""
-    from keymem_daemon.engine import retrieval
+    from keymem_daemon.engine.reads.hybrid import hybrid_recall
+    from keymem_daemon.engine.reads.query import namespaces_for_cwd
 
     text = prompt.strip()[:keymem_hook.PROMPT_SEND_CHARS]
     if len(text) < MIN_PROMPT_CHARS or text.startswith("/"):
         return []
     graph = service.ready_graph()
-    scope = retrieval.namespaces_for_cwd(mapping, cwd)
-    result = retrieval.hybrid_recall(graph, text[:INJECT_PROMPT_CHARS], scope=scope,
+    scope = namespaces_for_cwd(mapping, cwd)
+    result = hybrid_recall(graph, text[:INJECT_PROMPT_CHARS], scope=scope,
                                      top_k=max(3 * top_k, CANDIDATES_MIN), hops=1, reinforce=False,
                                      max_chars=graph.settings.inject_max_chars,
                                      rerank_budget_ms=graph.settings.inject_rerank_budget_ms)

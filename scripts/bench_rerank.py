@@ -48,9 +48,9 @@ def stand_in_model() -> Path:
 
 def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[str, Any]:
     from keymem_daemon.config import Settings
-    from keymem_daemon.engine import retrieval
     from keymem_daemon.engine.graph import MemoryGraph
     from keymem_daemon.engine.reads import inject as push
+    from keymem_daemon.engine.reads.hybrid import hybrid_recall
     from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
     from keymem_daemon.inference.reranker import RerankerManager
 
@@ -86,7 +86,7 @@ def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[
             if name == "inject":
                 push.inject(graph, query, scope=None)
             else:
-                retrieval.hybrid_recall(graph, query, top_k=5, reinforce=False)
+                hybrid_recall(graph, query, top_k=5, reinforce=False)
             times[name].append(time.perf_counter() - t0)
             pairs[name].append(sum(scored))
     speed = manager.status().get("tokens_per_second", 0) if manager is not None else 0

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_client import InProcess  # noqa: E402
 
-from keymem_daemon.engine import retrieval  # noqa: E402
 from keymem_daemon.engine.reads import inject as push  # noqa: E402
+from keymem_daemon.engine.reads.query import namespaces_for_cwd, scope_of  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 L2: float = 1.0
@@ -73,9 +73,9 @@ def collect(split: str) -> list[dict[str, Any]]:
         for p in s["prompts"]:
             project: frozenset[str] = frozenset()
             if p.get("namespace"):
-                scope = retrieval.scope_of(p["namespace"])
+                scope = scope_of(p["namespace"])
             else:
-                scope = retrieval.namespaces_for_cwd(mapping, p.get("cwd"))
+                scope = namespaces_for_cwd(mapping, p.get("cwd"))
                 project = (scope or frozenset()) - {"default"}
             judged, _, _ = push.judge(graph, p["prompt"], scope=scope, project=project)
             gold = set(p.get("gold") or [])

@@ -14,7 +14,7 @@ assembled from them:
 
 Each write is one ``Store.write`` transaction; the in-memory tables change in its after-commit
 step. Embeddings are computed before the transaction starts, so the writer thread never waits
-for a model. Retrieval (recall, hybrid recall, the push path) lives in ``retrieval.py`` and
+for a model. Retrieval (recall, hybrid recall, the push path) lives in ``engine/reads/`` and
 reads through the same graph.
 """
 
@@ -26,24 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.indexes import VOCABULARY_META, Clock, vector_bytes, vector_problem
-from keymem_daemon.engine.links import EXPLORED_DECAY, HOP_REINFORCE, LINK_MAX, LINK_MIN, REINFORCE
+from keymem_daemon.engine.indexes import Clock
+from keymem_daemon.engine.reads.recall import rank_key_members
 from keymem_daemon.engine.records import ReadKeyResult
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.maintenance import Maintenance
-from keymem_daemon.engine.writes.remember import MAX_STORED_SOURCE_CHARS, Host, dedup_hash
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.inference.embedders import Embedder
 
 if TYPE_CHECKING:
     from keymem_daemon.store.sqlite.database import Store
-
-# The names other modules import from here (retrieval.py, transfer.py, the daemon, tests) until
-# they import them from their home module.
-__all__ = [
-    "EXPLORED_DECAY", "HOP_REINFORCE", "LINK_MAX", "LINK_MIN", "MAX_STORED_SOURCE_CHARS", "REINFORCE",
-    "VOCABULARY_META", "Host", "MemoryGraph", "dedup_hash", "vector_bytes", "vector_problem",
-]
 
 # read_key ranks at least KEY_POOL_MIN members of a key, and KEY_POOL_PAGES times the pages
 # asked for: the within-key rank of a page depends on members ranked beyond it.
@@ -117,8 +109,6 @@ class MemoryGraph(Maintenance):
         if query is not None and not isinstance(query, str):
             raise InvalidInput("query must be a string", field="query")
         ns = self.resolve_namespace(namespace)
-        from keymem_daemon.engine.retrieval import rank_key_members
-
         # Score enough of a hub to fill the requested page, with room to spare.
         ranked, total = rank_key_members(self, kid, query.strip() if isinstance(query, str) and query.strip()
                                          else None, ns, pool=max(KEY_POOL_MIN, KEY_POOL_PAGES * (offset + limit)))

@@ -29,16 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from keymem_daemon.engine.freshness import DECAY_PROFILES
-from keymem_daemon.engine.graph import (
-    MAX_STORED_SOURCE_CHARS,
-    MemoryGraph,
-    dedup_hash,
-    vector_bytes,
-    vector_problem,
-)
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.indexes import vector_bytes, vector_problem
 from keymem_daemon.engine.keys import KEY_TYPES, MAX_KEY_CHARS
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.engine.text import normalize, normalize_namespace
+from keymem_daemon.engine.writes.remember import MAX_STORED_SOURCE_CHARS, dedup_hash
 from keymem_daemon.errors import InvalidInput, KeymemError
 
 logger = logging.getLogger(__name__)

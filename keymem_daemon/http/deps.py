@@ -15,7 +15,7 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, Header, Request
 
-from keymem_daemon.engine.graph import Host
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.service import Service
 
 T = TypeVar("T")

@@ -20,11 +20,12 @@ from typing import Any, Final
 from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import limits
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.limits import MAX_REMEMBER_BATCH, MAX_TTL_SECONDS
 from keymem_daemon.engine.reads import hybrid, recall
 from keymem_daemon.engine.reads.query import scope_of
 from keymem_daemon.engine.records import IdempotencyKey, NewMemory, Replayed, render
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 logger = logging.getLogger(__name__)

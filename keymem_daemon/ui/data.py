@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from keymem_daemon.activity_log import preview
-from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
 from keymem_daemon.engine.ports import MemoryFilter, Reader
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.query import scope_of
 from keymem_daemon.engine.records import Memory, render
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput, NotFound
@@ -104,8 +105,8 @@ class Inspector:
         text = query.strip()
         if not text:
             return {"query": "", "results": self._newest(filters, limit), "mode": "newest"}
-        result = retrieval.hybrid_recall(
-            graph, text[:4000], scope=retrieval.scope_of(namespace), reinforce=False,
+        result = hybrid_recall(
+            graph, text[:4000], scope=scope_of(namespace), reinforce=False,
             top_k=min(FILTER_POOL, FILTER_FACTOR * limit) if filters.any else limit)
         words = [w for w in re.split(r"\s+", text) if w]
         word_tokens = {w: set(graph.analyzer.index_tokens(w)) for w in words}

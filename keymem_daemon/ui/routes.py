@@ -28,8 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from keymem_daemon.activity_log import MAX_PAGE, ActivityLog
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import Host
 from keymem_daemon.engine.records import render
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import ForbiddenOrigin, InvalidInput, KeymemError, NotFound, Unauthorized
 from keymem_daemon.service import Service
 from keymem_daemon.ui.auth import LOGIN_TTL, Session, UiAuth

@@ -22,9 +22,10 @@ from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
 from fake_hub import build_cross_encoder, minilm_files, model_dir, reranker_files
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads import inject as push
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.recall import rank_key_members, recall
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 from keymem_daemon.inference.reranker import OnnxReranker, RerankerManager
@@ -145,7 +146,7 @@ def open_with(tmp_path: Path, embedder: Embedder, weights_dir: Path) -> Iterator
 
 
 def order(graph: MemoryGraph, query: str) -> list[str]:
-    hits = retrieval.hybrid_recall(graph, query, top_k=4, reinforce=False).hits
+    hits = hybrid_recall(graph, query, top_k=4, reinforce=False).hits
     return [h.content for h in hits]
 
 
@@ -180,7 +181,7 @@ def test_a_keys_best_members_follow_the_reranker_within_the_tools_budget(
     def members(graph: MemoryGraph) -> list[str]:
         kid = graph.keys.by_norm(normalize("fruit"))
         assert kid is not None
-        ranked, _ = retrieval.rank_key_members(graph, kid, query, None, pool=30)
+        ranked, _ = rank_key_members(graph, kid, query, None, pool=30)
         return [m.memory.content for m in ranked]
 
     fused = open_with(False)
@@ -192,7 +193,7 @@ def test_a_keys_best_members_follow_the_reranker_within_the_tools_budget(
                                      "Banana bread is the weekend dessert."]
     assert members(fused) != members(reranked)
     assert members(no_time) == members(fused)
-    top = retrieval.recall(reranked, query).memories[0].content
+    top = recall(reranked, query).memories[0].content
     assert top == "The office fruit bowl gets apple deliveries on Monday."
 
 

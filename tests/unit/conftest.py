@@ -18,8 +18,9 @@ import pytest
 from engine_helpers import FakeClock, GraphFactory, Tools, open_graph
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import Analyzer, default_analyzer
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 
 

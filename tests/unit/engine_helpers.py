@@ -12,9 +12,10 @@ from typing import Any
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.records import render
 from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp.tools import Context, Outcome, call_tool
 

@@ -10,7 +10,8 @@ from engine_helpers import FakeClock
 
 from keymem_daemon.activity_log import ActivityLog, describe_injection, describe_tool_call
 from keymem_daemon.config import INJECT_LOG_DEFAULT, Settings, parse_activity_log
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import ConfigError
 from keymem_daemon.service import InjectRequest, Service
 

@@ -9,7 +9,8 @@ import pytest
 from engine_helpers import Tools, key_id, remember, state
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import NotFound, Refused
 from keymem_daemon.mcp.tools import Context, call_tool
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from engine_helpers import DAY, START, FakeClock, GraphFactory, key_id, remember
 
-from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.freshness import (
     HalfLives,
     freshness,
@@ -16,6 +15,8 @@ from keymem_daemon.engine.freshness import (
     validity,
 )
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.recall import recall
 from keymem_daemon.errors import InvalidInput
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,9 +161,9 @@ def test_every_view_of_a_memory_carries_validity(graph: MemoryGraph, clock: Fake
     clock.advance(100 * DAY)
     kid = key_id(graph, "database")
     assert graph.read_key(kid).memories[0].validity.status == "aging"
-    assert retrieval.recall(graph, "database").memories[0].validity.status == "aging"
+    assert recall(graph, "database").memories[0].validity.status == "aging"
     assert (
-        retrieval.hybrid_recall(graph, "database", reinforce=False).hits[0].validity.status
+        hybrid_recall(graph, "database", reinforce=False).hits[0].validity.status
         == "aging"
     )
     assert graph.list_memories().memories[0].validity.status == "aging"
@@ -204,11 +205,11 @@ def test_a_fresh_memory_wins_the_passive_top_1_over_a_stale_twin(
     graph: MemoryGraph, clock: FakeClock
 ) -> None:  # noqa: F811
     fresh, _, _ = two_under_one_key(graph, clock)
-    assert retrieval.recall(graph, "staging").memories[0].id == fresh
+    assert recall(graph, "staging").memories[0].id == fresh
 
 
 def test_a_fresh_memory_ranks_first_in_hybrid_recall(graph: MemoryGraph, clock: FakeClock) -> None:  # noqa: F811
     fresh, stale, _ = two_under_one_key(graph, clock)
-    hits = retrieval.hybrid_recall(graph, "staging cluster", reinforce=False).hits
+    hits = hybrid_recall(graph, "staging cluster", reinforce=False).hits
     order = [h.id for h in hits]
     assert order.index(fresh) < order.index(stale)

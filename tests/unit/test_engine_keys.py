@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from engine_helpers import DAY, FakeClock, GraphFactory, key_id, remember
 
-from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import conflicting_qualifiers, sanitize_keys
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.recall import recall
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.inference.embedders import Embedder
@@ -23,7 +24,7 @@ def concepts(graph: MemoryGraph) -> dict[str, tuple[str, ...]]:
 
 
 def recalled(graph: MemoryGraph, query: str, namespace: str | None = None) -> list[str]:
-    return [k.concept for k in retrieval.recall(graph, query, namespace=namespace).keys]
+    return [k.concept for k in recall(graph, query, namespace=namespace).keys]
 
 
 # -- sanitising -------------------------------------------------------------------------
@@ -96,10 +97,10 @@ def test_cross_lingual_keys_of_one_write_land_on_one_canonical_key(graph: Memory
     python = key_id(graph, "Python")
     assert key_id(graph, "파이썬") == python
     for query in ("Python", "파이썬", "파이썬 코드"):
-        found = retrieval.recall(graph, query)
+        found = recall(graph, query)
         assert found.keys[0].key_id == python, query
         assert found.memories[0].id == mid, query
-    assert retrieval.recall(graph, "파이썬").keys[0].match_type == "alias"
+    assert recall(graph, "파이썬").keys[0].match_type == "alias"
 
 
 def test_a_later_key_equal_to_an_alias_reuses_the_canonical_key(graph: MemoryGraph) -> None:
@@ -117,7 +118,7 @@ def test_a_close_synonym_merges_into_the_existing_key_as_an_alias(graph: MemoryG
     movie = key_id(graph, "movie")
     assert key_id(graph, "film") == movie
     assert graph.read_key(movie).total == 2
-    found = retrieval.recall(graph, "film")
+    found = recall(graph, "film")
     assert found.keys[0].key_id == movie and found.keys[0].match_type == "alias"
     assert film in [h.memory_id for h in graph.read_key(movie, query="film").memories]
 
@@ -144,7 +145,7 @@ def test_short_keys_the_embedder_cannot_read_stay_apart(graph: MemoryGraph) -> N
     assert len(set(ids.values())) == 4
     for concept, memory in (("셸", shell), ("탭", tab), ("앱", app), ("훅", hook)):
         assert [h.memory_id for h in graph.read_key(ids[concept]).memories] == [memory]
-    found = [k.key_id for k in retrieval.recall(graph, "앱").keys]
+    found = [k.key_id for k in recall(graph, "앱").keys]
     assert found[0] == ids["앱"] and not {ids["셸"], ids["탭"], ids["훅"]} & set(found)
 
 
@@ -223,17 +224,17 @@ def test_동건_never_reaches_뉴턴_because_names_match_only_literally(graph: M
         ["뉴턴", "중력", "gravity"],
         key_types={"뉴턴": "name"},
     )
-    found = retrieval.recall(graph, "동건")
+    found = recall(graph, "동건")
     assert [k.concept for k in found.keys][:1] == ["동건"]
     assert "뉴턴" not in [k.concept for k in found.keys]
     assert found.keys[0].score == 1.0 and found.keys[0].key_type == "name"
     assert found.memories[0].id == dong
-    hits = retrieval.hybrid_recall(graph, "동건", reinforce=False, hops=1).hits
+    hits = hybrid_recall(graph, "동건", reinforce=False, hops=1).hits
     assert hits[0].id == dong
     assert all("뉴턴" not in h.matched_via for h in hits)
     assert "뉴턴" not in recalled(graph, "동건이 좋아하는 운동")
     assert recalled(graph, "뉴턴")[0] == "뉴턴"
-    assert retrieval.recall(graph, "뉴턴").memories[0].id == newton
+    assert recall(graph, "뉴턴").memories[0].id == newton
 
 
 def test_a_name_key_is_not_reached_by_a_similar_but_different_word(
@@ -260,14 +261,14 @@ def test_a_name_key_matches_only_as_a_whole_word(graph: MemoryGraph) -> None:
 
 def test_a_name_key_matches_with_a_korean_particle_attached(graph: MemoryGraph) -> None:
     mid = remember(graph, "동건은 커피를 좋아한다", ["동건", "커피"], key_types={"동건": "name"})
-    found = retrieval.recall(graph, "동건이 좋아하는 음료는?")
+    found = recall(graph, "동건이 좋아하는 음료는?")
     assert found.keys[0].concept == "동건"
     assert found.memories[0].id == mid
 
 
 def test_concept_keys_match_by_similarity(graph: MemoryGraph) -> None:
     mid = remember(graph, "The user drives a red Volvo", ["car", "자동차", "vehicle"])
-    found = retrieval.recall(graph, "automobile")
+    found = recall(graph, "automobile")
     assert found.keys and found.keys[0].concept == "car"
     assert found.keys[0].match_type == "semantic"
     assert found.memories[0].id == mid
@@ -285,12 +286,12 @@ def test_a_long_prompt_still_finds_its_short_keys(graph: MemoryGraph) -> None:
         "Can you remind me what we decided about the database migration tooling for the Atlas "
         "project last week?"
     )
-    found = retrieval.recall(graph, prompt)
+    found = recall(graph, prompt)
     reached = {k.concept for k in found.keys}
     assert {"database", "migration", "Atlas"} <= reached
     assert not reached & {"hiking", "autumn", "lunch"}
     assert found.memories[0].id == target
-    hits = retrieval.hybrid_recall(graph, prompt, reinforce=False).hits
+    hits = hybrid_recall(graph, prompt, reinforce=False).hits
     assert hits[0].id == target
 
 
@@ -310,7 +311,7 @@ def test_a_key_becomes_a_hub_at_three_memories_and_specificity_is_one_over_count
     view = graph.read_key(deploy).key
     assert (view.memory_count, view.is_hub, view.specificity) == (3, True, 0.333)
     assert graph.idf(deploy) == pytest.approx(1 / 3)
-    compact = next(k for k in retrieval.recall(graph, "deployment").keys if k.key_id == deploy)
+    compact = next(k for k in recall(graph, "deployment").keys if k.key_id == deploy)
     assert (compact.memory_count, compact.is_hub, compact.specificity) == (3, True, 0.333)
     once = key_id(graph, "Friday")
     assert graph.idf(once) == 1.0
@@ -349,7 +350,7 @@ HOMETOWN = "The user grew up in Busan near the sea"
 def weak_reads(graph: MemoryGraph, query: str, memory_id: str, key: str, times: int) -> None:
     """``times`` rounds of recall(query) -> read_memory(memory, via the key)."""
     for _ in range(times):
-        retrieval.recall(graph, query)
+        recall(graph, query)
         graph.read_memory(memory_id, via_key_id=key)
 
 
@@ -373,7 +374,7 @@ def candidates(graph: MemoryGraph) -> list[tuple[str, str, int]]:
 def test_a_weak_query_confirmed_by_three_reads_becomes_a_learned_alias(graph: MemoryGraph) -> None:
     mid = remember(graph, HOMETOWN, ["hometown", "고향", "Busan"])
     hometown = key_id(graph, "hometown")
-    first = retrieval.recall(graph, "birthplace")
+    first = recall(graph, "birthplace")
     assert first.status == "no_match", "the premise: 'birthplace' sits under the recall gate"
     assert first.nearest_keys and first.nearest_keys[0].key_id == hometown
     graph.read_memory(mid, via_key_id=hometown)
@@ -389,7 +390,7 @@ def test_a_weak_query_confirmed_by_three_reads_becomes_a_learned_alias(graph: Me
     browsed = next(k for k in graph.browse_keys().keys if k.key_id == hometown)
     assert browsed.learned_aliases == ["birthplace"]
     assert set(browsed.aliases) == {"birthplace", "고향"}
-    found = retrieval.recall(graph, "birthplace")
+    found = recall(graph, "birthplace")
     assert found.status == "found"
     assert found.keys[0].key_id == hometown and found.keys[0].match_type == "alias"
     assert found.memories[0].id == mid
@@ -407,7 +408,7 @@ def test_a_read_without_a_preceding_weak_recall_teaches_nothing(graph: MemoryGra
 def test_one_recall_confirms_at_most_once(graph: MemoryGraph) -> None:
     mid = remember(graph, HOMETOWN, ["hometown", "Busan"])
     hometown = key_id(graph, "hometown")
-    retrieval.recall(graph, "birthplace")
+    recall(graph, "birthplace")
     for _ in range(3):
         graph.read_memory(mid, via_key_id=hometown)
     assert candidates(graph) == [(hometown, "birthplace", 1)]
@@ -418,7 +419,7 @@ def test_a_weak_match_older_than_five_minutes_is_not_confirmed(
 ) -> None:  # noqa: F811
     mid = remember(graph, HOMETOWN, ["hometown", "Busan"])
     hometown = key_id(graph, "hometown")
-    retrieval.recall(graph, "birthplace")
+    recall(graph, "birthplace")
     clock.advance(301)
     graph.read_memory(mid, via_key_id=hometown)
     assert candidates(graph) == []
@@ -429,7 +430,7 @@ def test_a_semantic_match_confirmed_three_times_becomes_a_key_of_its_own(
 ) -> None:
     mid = remember(graph, "The user drinks espresso every morning", ["coffee", "morning"])
     coffee = key_id(graph, "coffee")
-    found = retrieval.recall(graph, "espresso")
+    found = recall(graph, "espresso")
     # Reached without being named (semantically, and through the memory's text).
     assert found.keys[0].key_id == coffee and found.keys[0].match_type in ("semantic", "content")
     graph.read_memory(mid, via_key_id=coffee)
@@ -487,7 +488,7 @@ def test_a_learned_alias_never_hit_is_pruned_after_the_prune_age(
     result = graph.cleanup_expired()
     assert result.pruned_aliases == 1 and result.deleted == 0
     assert aliases_of(graph, hometown) == ("고향",), "authored aliases are never pruned"
-    assert retrieval.recall(graph, "birthplace").status == "no_match"
+    assert recall(graph, "birthplace").status == "no_match"
 
 
 def test_a_learned_alias_that_was_hit_survives_the_prune(
@@ -496,7 +497,7 @@ def test_a_learned_alias_that_was_hit_survives_the_prune(
     mid = remember(graph, HOMETOWN, ["hometown", "Busan"], decay_profile="permanent")
     hometown = key_id(graph, "hometown")
     weak_reads(graph, "birthplace", mid, hometown, 3)
-    assert retrieval.recall(graph, "birthplace").keys[0].match_type == "alias"
+    assert recall(graph, "birthplace").keys[0].match_type == "alias"
     hits = graph.store.read(
         lambda c: c.execute(
             "SELECT hits FROM aliases WHERE key_id = ? AND norm = 'birthplace'", (hometown,)
@@ -528,7 +529,7 @@ def test_a_weak_match_exactly_five_minutes_old_still_counts(
 ) -> None:  # noqa: F811
     mid = remember(graph, HOMETOWN, ["hometown", "Busan"])
     hometown = key_id(graph, "hometown")
-    retrieval.recall(graph, "birthplace")
+    recall(graph, "birthplace")
     clock.advance(300)
     graph.read_memory(mid, via_key_id=hometown)
     assert candidates(graph) == [(hometown, "birthplace", 1)]

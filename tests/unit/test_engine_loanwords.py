@@ -20,8 +20,10 @@ import pytest
 from engine_helpers import FakeClock, key_id, open_graph, remember
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval, transfer
-from keymem_daemon.engine.graph import VOCABULARY_META, MemoryGraph
+from keymem_daemon.engine import transfer
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.indexes import VOCABULARY_META
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.inference.embedders import Embedder
 
@@ -171,7 +173,7 @@ def test_a_question_naming_a_loanword_finds_the_memory_about_it(
 ) -> None:
     with opened(tmp_path / "keymem.db", learner) as graph:
         ids = [remember(graph, content, keys) for content, keys in TOOLS]
-        hits = retrieval.hybrid_recall(graph, question, reinforce=False).hits
+        hits = hybrid_recall(graph, question, reinforce=False).hits
         assert hits and hits[0].id == ids[answer], [h.content for h in hits]
 
 
@@ -240,7 +242,7 @@ def test_an_english_only_store_never_loads_kiwi(tmp_path: Path, opened: Opener) 
     for _ in range(2):  # a new store, then the same store opened again
         with opened(tmp_path / "keymem.db", analyzer) as graph:
             remember(graph, "Docker images go to ECR, tagged with the commit hash.", ["Docker", "ECR"])
-            retrieval.hybrid_recall(graph, "Where do Docker images go?", reinforce=False)
+            hybrid_recall(graph, "Where do Docker images go?", reinforce=False)
     assert not analyzer.kiwi_loaded
 
 

@@ -18,8 +18,9 @@ from engine_helpers import (
     state,
 )
 
-from keymem_daemon.engine import retrieval
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads.recall import recall
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 pytestmark = pytest.mark.timeout(60)
@@ -482,16 +483,16 @@ def test_a_dismissed_memory_ranks_below_its_sibling_under_that_key(graph: Memory
     graph.dismiss(top, kid)
     handles = graph.read_key(kid, query="deploy").memories
     assert handles[-1].memory_id == top
-    assert retrieval.recall(graph, "deployment").memories[0].id != top
+    assert recall(graph, "deployment").memories[0].id != top
     assert set(ids) and top in ids.values()
 
 
 def test_dismiss_cancels_a_pending_alias_candidate(graph: MemoryGraph) -> None:
     mid = remember(graph, "The user grew up in Busan near the sea", ["hometown", "Busan"])
     hometown = key_id(graph, "hometown")
-    retrieval.recall(graph, "birthplace")
+    recall(graph, "birthplace")
     graph.read_memory(mid, via_key_id=hometown)
-    retrieval.recall(graph, "birthplace")
+    recall(graph, "birthplace")
     result = graph.dismiss(mid, hometown)
     assert result.alias_candidate_cleared == "birthplace"
     assert (
@@ -500,7 +501,7 @@ def test_dismiss_cancels_a_pending_alias_candidate(graph: MemoryGraph) -> None:
     )
     # The cancelled confirmation does not count toward promotion any more.
     for _ in range(2):
-        retrieval.recall(graph, "birthplace")
+        recall(graph, "birthplace")
         graph.read_memory(mid, via_key_id=hometown)
     assert "birthplace" not in graph.keys.get(hometown).aliases  # type: ignore[union-attr]
 

@@ -18,15 +18,18 @@ from engine_helpers import (
     state,
 )
 
-from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads import inject as push
-from keymem_daemon.engine.retrieval import (
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.query import PREDICATE_SHARE, namespaces_for_cwd, plan_query
+from keymem_daemon.engine.reads.recall import recall
+from keymem_daemon.engine.reads.signals import (
+    REDUNDANT_COSINE,
     bounded,
     entity_mentions,
     is_comparison,
-    namespaces_for_cwd,
     project_task_evidence,
+    without_repeats,
 )
 from keymem_daemon.engine.text import TRUNCATION_MARKER
 
@@ -78,10 +81,10 @@ def test_bounded_maps_bm25_into_zero_to_one() -> None:
 def test_a_repeat_yields_its_place_to_the_next_different_candidate() -> None:
     # 1 says what 0 says (cosine 0.97); 2 is a little weaker but different.
     sims = np.array([[1.0, 0.97, 0.3], [0.97, 1.0, 0.3], [0.3, 0.3, 1.0]], dtype=np.float32)
-    assert retrieval.without_repeats([1.0, 0.95, 0.9], sims, k=2) == [0, 2, 1]
+    assert without_repeats([1.0, 0.95, 0.9], sims, k=2) == [0, 2, 1]
     # Below REDUNDANT_COSINE nothing is a repeat and the order stands.
-    sims[0, 1] = sims[1, 0] = retrieval.REDUNDANT_COSINE
-    assert retrieval.without_repeats([1.0, 0.95, 0.9], sims, k=2) == [0, 1, 2]
+    sims[0, 1] = sims[1, 0] = REDUNDANT_COSINE
+    assert without_repeats([1.0, 0.95, 0.9], sims, k=2) == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -207,9 +210,9 @@ def test_recall_shows_one_passive_top_1_memory_under_the_best_key(
 def test_recall_changes_nothing(graph: MemoryGraph) -> None:
     seed(graph)
     before = state(graph)
-    retrieval.recall(graph, "deployment", context="when do deploys go out?")
-    retrieval.recall(graph, "커피")
-    retrieval.recall(graph, "quantum chromodynamics")
+    recall(graph, "deployment", context="when do deploys go out?")
+    recall(graph, "커피")
+    recall(graph, "quantum chromodynamics")
     assert state(graph) == before
 
 
@@ -264,12 +267,12 @@ def test_recall_explain_reports_the_namespace_memory_count(
 def test_recall_is_scoped_to_its_namespace(graph: MemoryGraph) -> None:
     home = remember(graph, "Home wifi is fast", ["wifi", "network"])
     work = remember(graph, "Office wifi needs a VPN", ["wifi", "vpn"], namespace="work")
-    result = retrieval.recall(graph, "wifi", namespace="Work")
+    result = recall(graph, "wifi", namespace="Work")
     assert result.namespace == "work"
     assert result.memories[0].id == work
     assert result.keys[0].memory_count == 1
     assert "network" not in [k.concept for k in result.keys]
-    assert retrieval.recall(graph, "wifi", namespace="default").memories[0].id == home
+    assert recall(graph, "wifi", namespace="default").memories[0].id == home
 
 
 def test_recall_top_k_limits_the_clusters(graph: MemoryGraph, tools: Tools) -> None:  # noqa: F811
@@ -293,12 +296,12 @@ def test_recall_never_shows_superseded_or_expired_memories(
     ).new_id  # type: ignore[union-attr]
     remember(graph, "The user is visiting Jeju this week", ["residence", "trip"], ttl_seconds=3600)
     clock.advance(3601)
-    result = retrieval.recall(graph, "residence", context="where does the user live, Seoul?")
+    result = recall(graph, "residence", context="where does the user live, Seoul?")
     assert result.memories[0].id == new
     assert result.keys[0].memory_count == 1
     assert (
-        retrieval.recall(graph, "Seoul").status != "found"
-        or retrieval.recall(graph, "Seoul").memories[0].id == new
+        recall(graph, "Seoul").status != "found"
+        or recall(graph, "Seoul").memories[0].id == new
     )
 
 
@@ -307,10 +310,10 @@ def test_recall_auto_confirms_when_the_context_restates_the_memory(
 ) -> None:  # noqa: F811
     mid = remember(graph, "The user drinks oat milk lattes every morning", ["coffee", "morning"])
     clock.advance(200 * DAY)
-    plain = retrieval.recall(graph, "coffee", context="what coffee does the user drink?")
+    plain = recall(graph, "coffee", context="what coffee does the user drink?")
     assert plain.memories[0].auto_confirmed is None
     assert memory_row(graph, mid)["confirmation_count"] == 1  # type: ignore[index]
-    restated = retrieval.recall(
+    restated = recall(
         graph, "coffee", context="  the user drinks OAT MILK lattes every morning "
     )
     top = restated.memories[0]
@@ -368,7 +371,7 @@ def test_hybrid_recall_does_not_fill_its_places_with_one_fact_said_three_times(g
         "Maria volunteers at the downtown homeless shelter.",
         "Maria has been volunteering at a homeless shelter downtown.")]
     other = remember(graph, "Maria started volunteering at a dog shelter once a month.", keys)
-    hits = ids(retrieval.hybrid_recall(graph, "Which shelters does Maria volunteer at?", top_k=2,
+    hits = ids(hybrid_recall(graph, "Which shelters does Maria volunteer at?", top_k=2,
                                        reinforce=False).hits)
     assert other in hits and len(set(hits) & set(repeats)) == 1
 
@@ -379,7 +382,7 @@ def test_hybrid_recall_finds_a_word_that_only_the_content_holds(graph: MemoryGra
         graph, "The staging cluster is called Zephyrine", ["cluster", "infrastructure"]
     )
     anchor = remember(graph, "Staging deploys need a manual approval", ["staging", "approval"])
-    hits = retrieval.hybrid_recall(graph, "Zephyrine staging", reinforce=False).hits
+    hits = hybrid_recall(graph, "Zephyrine staging", reinforce=False).hits
     by_id = {h.id: h for h in hits}
     assert anchor in by_id and "staging" in by_id[anchor].matched_via
     assert named in by_id and "(bm25)" in by_id[named].matched_via
@@ -388,14 +391,14 @@ def test_hybrid_recall_finds_a_word_that_only_the_content_holds(graph: MemoryGra
 
 def test_hybrid_recall_without_an_anchor_returns_nothing(graph: MemoryGraph) -> None:
     seed(graph)
-    result = retrieval.hybrid_recall(graph, "quantum chromodynamics", reinforce=False)
+    result = hybrid_recall(graph, "quantum chromodynamics", reinforce=False)
     assert result.hits == [] and result.anchored is False
 
 
 def test_hybrid_recall_reinforces_the_top_result_only(graph: MemoryGraph) -> None:
     ids_ = seed(graph)
     deploy = key_id(graph, "deployment")
-    hits = retrieval.hybrid_recall(graph, "Slack deployment announcements", top_k=1).hits
+    hits = hybrid_recall(graph, "Slack deployment announcements", top_k=1).hits
     assert ids(hits) == [ids_["slack"]]
     assert link_weight(graph, deploy, ids_["slack"]) == pytest.approx(1.1)
     assert link_weight(graph, key_id(graph, "Slack"), ids_["slack"]) == pytest.approx(1.1)
@@ -419,10 +422,10 @@ def test_hybrid_recall_without_reinforcement_changes_nothing(
 def test_depth_lifts_an_otherwise_equal_memory(graph: MemoryGraph) -> None:
     a = remember(graph, "Standup is at 9:30 in room Alder", ["standup", "meeting"])
     b = remember(graph, "Standup is at 9:30 in room Birch", ["standup", "meeting"])
-    deep = a if ids(retrieval.hybrid_recall(graph, "standup", reinforce=False).hits)[0] == b else b
+    deep = a if ids(hybrid_recall(graph, "standup", reinforce=False).hits)[0] == b else b
     for _ in range(20):
         graph.confirm_memory(deep, "user")
-    assert ids(retrieval.hybrid_recall(graph, "standup", reinforce=False).hits)[0] == deep
+    assert ids(hybrid_recall(graph, "standup", reinforce=False).hits)[0] == deep
 
 
 def test_min_depth_keeps_only_deep_memories(graph: MemoryGraph) -> None:
@@ -430,8 +433,8 @@ def test_min_depth_keeps_only_deep_memories(graph: MemoryGraph) -> None:
     b = remember(graph, "Standup is at 9:30 in room Birch", ["standup", "meeting"])
     for _ in range(12):
         graph.confirm_memory(b, "user")
-    assert set(ids(retrieval.hybrid_recall(graph, "standup", reinforce=False).hits)) >= {a, b}
-    assert ids(retrieval.hybrid_recall(graph, "standup", reinforce=False, min_depth=0.5).hits) == [
+    assert set(ids(hybrid_recall(graph, "standup", reinforce=False).hits)) >= {a, b}
+    assert ids(hybrid_recall(graph, "standup", reinforce=False, min_depth=0.5).hits) == [
         b
     ]
 
@@ -444,9 +447,9 @@ def test_hybrid_recall_is_scoped_and_skips_inactive_memories(
     gone = remember(graph, "Hotel wifi code is 1234", ["wifi", "hotel"], ttl_seconds=60)
     clock.advance(61)
     assert ids(
-        retrieval.hybrid_recall(graph, "wifi", scope=frozenset({"work"}), reinforce=False).hits
+        hybrid_recall(graph, "wifi", scope=frozenset({"work"}), reinforce=False).hits
     ) == [work]
-    everywhere = ids(retrieval.hybrid_recall(graph, "wifi", reinforce=False).hits)
+    everywhere = ids(hybrid_recall(graph, "wifi", reinforce=False).hits)
     assert set(everywhere) == {home, work} and gone not in everywhere
 
 
@@ -468,7 +471,7 @@ def test_hops_reach_exactly_n_steps_along_a_chain_of_narrow_keys(
     graph: MemoryGraph, hops: int
 ) -> None:
     m = chain(graph)
-    hits = retrieval.hybrid_recall(graph, "Curie", hops=hops, top_k=10, reinforce=False).hits
+    hits = hybrid_recall(graph, "Curie", hops=hops, top_k=10, reinforce=False).hits
     by_id = {h.id: h for h in hits}
     expected = ["A", "B", "C", "D"][:hops]
     assert set(by_id) == {m[n] for n in expected}, [(h.content, h.hop, h.matched_via) for h in hits]
@@ -481,14 +484,14 @@ def test_hops_reach_exactly_n_steps_along_a_chain_of_narrow_keys(
 
 def test_the_fourth_link_of_a_chain_is_tagged_hop_4(graph: MemoryGraph) -> None:
     m = chain(graph)
-    hits = retrieval.hybrid_recall(graph, "Curie", hops=5, top_k=10, reinforce=False).hits
+    hits = hybrid_recall(graph, "Curie", hops=5, top_k=10, reinforce=False).hits
     d = next(h for h in hits if h.id == m["D"])
     assert d.hop == 4 and "Mona Lisa(via)" in d.matched_via and d.relevance_score == 0.0
 
 
 def test_an_isolated_memory_never_leaks_even_at_five_hops(graph: MemoryGraph) -> None:
     m = chain(graph)
-    hits = retrieval.hybrid_recall(graph, "Curie", hops=5, top_k=10, reinforce=False).hits
+    hits = hybrid_recall(graph, "Curie", hops=5, top_k=10, reinforce=False).hits
     assert m["X"] not in ids(hits), [
         (h.content, h.hop, h.matched_via, h.relevance_score) for h in hits
     ]
@@ -499,7 +502,7 @@ def test_an_explicit_link_carries_a_hop(graph: MemoryGraph) -> None:
     b = remember(
         graph, "The user's grandmother was a chemist", ["grandmother", "chemistry"], related_to=[a]
     )
-    hits = retrieval.hybrid_recall(graph, "Curie", hops=2, top_k=5, reinforce=False).hits
+    hits = hybrid_recall(graph, "Curie", hops=2, top_k=5, reinforce=False).hits
     linked = next(h for h in hits if h.id == b)
     assert linked.hop == 2 and "(linked)" in linked.matched_via
 
@@ -530,7 +533,7 @@ def comparison_graph(graph: MemoryGraph) -> dict[str, str]:
 
 def test_a_comparison_query_gets_evidence_for_each_named_entity(graph: MemoryGraph) -> None:
     m = comparison_graph(graph)
-    hits = retrieval.hybrid_recall(
+    hits = hybrid_recall(
         graph, "Who is older, Alice or Bob?", top_k=2, reinforce=False
     ).hits
     assert set(ids(hits)) == {m["alice_birth"], m["bob_birth"]}
@@ -538,7 +541,7 @@ def test_a_comparison_query_gets_evidence_for_each_named_entity(graph: MemoryGra
 
 def test_which_did_alice_or_bob_picks_one_memory_of_each(graph: MemoryGraph) -> None:
     m = comparison_graph(graph)
-    hits = retrieval.hybrid_recall(
+    hits = hybrid_recall(
         graph, "Which did Alice or Bob take up first, tea or chess?", top_k=2, reinforce=False
     ).hits
     assert set(ids(hits)) == {m["alice_tea"], m["bob_chess"]}
@@ -578,7 +581,7 @@ def test_a_query_naming_a_date_prefers_memories_observed_then(
     graph: MemoryGraph, query: str, expected: int
 ) -> None:
     pair = offsites(graph)
-    hits = retrieval.hybrid_recall(graph, query, top_k=2, reinforce=False).hits
+    hits = hybrid_recall(graph, query, top_k=2, reinforce=False).hits
     assert hits[0].id == pair[expected]
     assert "(date)" in hits[0].matched_via
 
@@ -594,8 +597,8 @@ def test_the_passive_top_1_prefers_the_memory_observed_in_the_named_period(
     graph: MemoryGraph, query: str, expected: int
 ) -> None:
     pair = offsites(graph)
-    assert retrieval.recall(graph, "offsite", context=query).memories[0].id == pair[expected]
-    assert retrieval.recall(graph, query).memories[0].id == pair[expected]
+    assert recall(graph, "offsite", context=query).memories[0].id == pair[expected]
+    assert recall(graph, query).memories[0].id == pair[expected]
 
 
 def test_observed_at_is_stored_and_shown(graph: MemoryGraph) -> None:
@@ -704,20 +707,20 @@ ANSWERS_IN_OTHER_WORDS = [
 
 def test_a_korean_predicate_or_what_an_asking_word_asks_weighs_less_than_the_nouns_of_the_query(
         graph: MemoryGraph) -> None:
-    plan = retrieval.plan_query(graph, "부모님은 어디 사셔?")
+    plan = plan_query(graph, "부모님은 어디 사셔?")
     nouns = [w.stem for w in plan.words if w.nominal and not w.stop]
     verbs = [w.stem for w in plan.words if not w.nominal]
     assert nouns == ["부모"] and verbs
     # Neither word is in the (empty) store, so their IDFs are equal before the predicate share.
-    assert plan.weights[verbs[0]] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["부모"])
+    assert plan.weights[verbs[0]] == pytest.approx(PREDICATE_SHARE * plan.weights["부모"])
     # English has no part of speech here, but a "how" names the property the answer measures.
-    plan = retrieval.plan_query(graph, "How long are our sprints?")
-    assert plan.weights["long"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["sprint"])
+    plan = plan_query(graph, "How long are our sprints?")
+    assert plan.weights["long"] == pytest.approx(PREDICATE_SHARE * plan.weights["sprint"])
     # So does what a Korean asking word (얼마나, 어떤, 몇, 무슨, 어느) points at.
-    plan = retrieval.plan_query(graph, "롤백은 어떤 명령어로 해?")
-    assert plan.weights["명령어"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["롤백"])
-    plan = retrieval.plan_query(graph, "백업 얼마나 보관해?")
-    assert plan.weights["보관"] == pytest.approx(retrieval.PREDICATE_SHARE * plan.weights["백업"])
+    plan = plan_query(graph, "롤백은 어떤 명령어로 해?")
+    assert plan.weights["명령어"] == pytest.approx(PREDICATE_SHARE * plan.weights["롤백"])
+    plan = plan_query(graph, "백업 얼마나 보관해?")
+    assert plan.weights["보관"] == pytest.approx(PREDICATE_SHARE * plan.weights["백업"])
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [
@@ -744,13 +747,13 @@ def test_inject_stays_silent_when_the_noun_a_korean_question_is_about_is_missing
 def test_min_rel_score_drops_the_weak_tail(graph: MemoryGraph) -> None:
     ids_ = seed(graph)
     everything = ids(
-        retrieval.hybrid_recall(
+        hybrid_recall(
             graph, "Slack deployment announcements", top_k=10, reinforce=False
         ).hits
     )
     assert len(everything) > 1
     strict = ids(
-        retrieval.hybrid_recall(
+        hybrid_recall(
             graph, "Slack deployment announcements", top_k=10, reinforce=False, min_rel_score=0.9
         ).hits
     )
@@ -767,7 +770,7 @@ def test_a_key_surfaces_through_its_content_when_its_concept_is_far_from_the_que
     mid = remember(graph, "The user's cat is named Nabi", ["pet", "animal"])
     for i, text in enumerate(FILLER):
         remember(graph, text, [f"topic{i}", "misc"])
-    found = retrieval.recall(graph, "Nabi")
+    found = recall(graph, "Nabi")
     assert found.status == "found"
     assert found.keys[0].concept in ("pet", "animal") and found.keys[0].match_type == "content"
     assert found.memories[0].id == mid

@@ -11,8 +11,9 @@ from engine_helpers import FakeClock, Tools, memory_row, open_graph
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import Embedder
 
 pytestmark = pytest.mark.timeout(60)

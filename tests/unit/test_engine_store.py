@@ -13,10 +13,12 @@ import pytest
 from engine_helpers import FakeClock, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval, transfer
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine import transfer
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads.recall import recall
 from keymem_daemon.engine.records import CorrectResult
 from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.store.sqlite.database import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate
@@ -284,7 +286,7 @@ def test_reopening_the_store_after_close_loses_nothing(
         assert old[2] == 2
         assert view.memory.source is not None and view.memory.source["host_session"] == host.session
         # The in-memory indexes were rebuilt: recall works on the reopened store.
-        found = retrieval.recall(reopened, "파이썬")
+        found = recall(reopened, "파이썬")
         assert found.keys[0].key_id == python
         assert found.memories[0].id == a
     finally:
@@ -320,7 +322,7 @@ def test_closing_the_graph_closes_every_connection_it_opened(
     remember(g, "Deploys go out on Fridays", ["deployment", "Friday"])
 
     def read() -> None:
-        retrieval.recall(g, "deployment")
+        recall(g, "deployment")
 
     threads = [threading.Thread(target=read) for _ in range(4)]
     for t in threads:
@@ -381,7 +383,7 @@ def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
         assert {k: v for k, v in after.items() if k != "embedder"} == {
             k: v for k, v in before.items() if k != "embedder"
         }
-        assert retrieval.recall(migrated, "파이썬").memories[0].id == mid
+        assert recall(migrated, "파이썬").memories[0].id == mid
     finally:
         migrated.close()
 

@@ -8,8 +8,10 @@ import unicodedata
 import pytest
 from engine_helpers import key_id, remember
 
-from keymem_daemon.engine import retrieval
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads.channels import lexical
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.recall import recall
 from keymem_daemon.engine.text import Analyzer, normalize, normalize_namespace, sound_skeleton
 
 pytestmark = pytest.mark.timeout(60)
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 def lexical_ids(graph: MemoryGraph, query: str) -> list[str]:
     tokens = graph.analyzer.index_tokens(query)
     now = graph.clock()
-    return [mid for mid, _ in graph.store.read(lambda c: retrieval.lexical(c, tokens, None, now))]
+    return [mid for mid, _ in graph.store.read(lambda c: lexical(c, tokens, None, now))]
 
 
 @pytest.mark.parametrize(
@@ -120,12 +122,12 @@ def test_a_memory_keyed_배포_is_found_by_a_question_with_a_particle(graph: Mem
         graph, "결제 서비스 v2.4.0은 2023년 5월 8일에 배포했다.", ["배포", "결제 서비스", "릴리스"]
     )
     deploy = key_id(graph, "배포")
-    found = retrieval.recall(graph, "배포를 언제 했지?")
+    found = recall(graph, "배포를 언제 했지?")
     assert found.status == "found"
     assert found.keys[0].key_id == deploy
     assert found.keys[0].match_type == "concept"
     assert found.memories[0].id == mid
-    hits = retrieval.hybrid_recall(graph, "배포를 언제 했지?", reinforce=False).hits
+    hits = hybrid_recall(graph, "배포를 언제 했지?", reinforce=False).hits
     assert hits and hits[0].id == mid
     assert "배포" in hits[0].matched_via
 
@@ -136,7 +138,7 @@ def test_a_memory_remembered_in_nfd_is_found_by_an_nfc_query_and_back(graph: Mem
     dog = remember(graph, "강아지 이름은 초코다", ["강아지", "dog"])
     assert key_id(graph, "고양이") == key_id(graph, unicodedata.normalize("NFD", "고양이"))
     for query in ("고양이 이름이 뭐야?", unicodedata.normalize("NFD", "고양이 이름이 뭐야?")):
-        found = retrieval.recall(graph, query)
+        found = recall(graph, query)
         assert found.memories[0].id == cat, query
         assert lexical_ids(graph, query)[0] == cat
     assert lexical_ids(graph, unicodedata.normalize("NFD", "강아지는?"))[0] == dog

@@ -12,9 +12,12 @@ import pytest
 from engine_helpers import DAY, START, FakeClock, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import retrieval, transfer
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine import transfer
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.recall import recall
 from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.inference.embedders import Embedder
 
@@ -66,10 +69,10 @@ def populate(graph: MemoryGraph, clock: FakeClock) -> dict[str, str]:  # noqa: F
     ).new_id  # type: ignore[union-attr]
     # A learned alias and a pending candidate.
     for _ in range(3):
-        retrieval.recall(graph, "birthplace")
+        recall(graph, "birthplace")
         graph.read_memory(m["home"], via_key_id=key_id(graph, "hometown"))
-    retrieval.recall(graph, "espresso hometown")
-    retrieval.recall(graph, "place of birth")
+    recall(graph, "espresso hometown")
+    recall(graph, "place of birth")
     graph.read_memory(m["home"], via_key_id=key_id(graph, "hometown"))
     clock.advance(DAY)
     return m
@@ -110,11 +113,11 @@ def test_export_then_import_into_a_fresh_store_gives_the_same_export(
         assert transfer.export(other) == exported
         # The imported store works: indexes and key vectors were rebuilt.
         python = key_id(other, "파이썬")
-        assert retrieval.recall(other, "파이썬").keys[0].key_id == python
-        assert retrieval.recall(other, "birthplace").keys[0].match_type == "alias"
+        assert recall(other, "파이썬").keys[0].key_id == python
+        assert recall(other, "birthplace").keys[0].match_type == "alias"
         assert link_weight(other, python, m["python"]) == pytest.approx(1.1)
         assert other.read_memory(m["deploy2"]).memory.supersedes == m["deploy"]
-        hits = retrieval.hybrid_recall(other, "Thursdays deployment", reinforce=False).hits
+        hits = hybrid_recall(other, "Thursdays deployment", reinforce=False).hits
         assert hits[0].id == m["deploy2"]
     finally:
         other.close()
@@ -265,9 +268,9 @@ def test_an_upstream_graph_json_imports(graph: MemoryGraph, clock: FakeClock) ->
         graph.read_memory("cccccccccccc")
     assert graph.read_memory("eeeeeeeeeeee").memory.expires_at == START + 3600
     # Retrieval works on the imported graph.
-    assert retrieval.recall(graph, "파이썬", namespace="work").memories[0].id == "aaaaaaaaaaaa"
-    assert retrieval.recall(graph, "거주지").memories[0].id in ("dddddddddddd", "eeeeeeeeeeee")
-    assert retrieval.recall(graph, "동건").memories[0].id == "bbbbbbbbbbbb"
+    assert recall(graph, "파이썬", namespace="work").memories[0].id == "aaaaaaaaaaaa"
+    assert recall(graph, "거주지").memories[0].id in ("dddddddddddd", "eeeeeeeeeeee")
+    assert recall(graph, "동건").memories[0].id == "bbbbbbbbbbbb"
     clock.advance(3601)
     assert graph.cleanup_expired().deleted == 1
 

@@ -21,9 +21,11 @@ from engine_helpers import (
     state,
 )
 
-from keymem_daemon.engine import retrieval
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.reads.hybrid import hybrid_recall
+from keymem_daemon.engine.reads.recall import recall
 from keymem_daemon.engine.records import ForgetResult
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, NotFound, Refused
 
 pytestmark = pytest.mark.timeout(60)
@@ -442,10 +444,10 @@ def test_a_correction_supersedes_the_old_memory(graph: MemoryGraph, tools: Tools
     with pytest.raises(Refused, match=f"superseded by {new}"):
         graph.read_memory(old)
     assert active_ids(graph) == [new]
-    found = retrieval.recall(graph, "residence")
+    found = recall(graph, "residence")
     assert found.memories[0].id == new
     assert old not in [
-        h.id for h in retrieval.hybrid_recall(graph, "Seoul residence", reinforce=False).hits
+        h.id for h in hybrid_recall(graph, "Seoul residence", reinforce=False).hits
     ]
     assert old not in [h.memory_id for h in graph.read_key(key_id(graph, "residence")).memories]
 
@@ -626,7 +628,7 @@ def test_forgetting_a_correction_restores_its_predecessor(graph: MemoryGraph) ->
     assert result.deleted and result.restored == old
     assert active_ids(graph) == [old]
     assert graph.read_memory(old).memory.superseded_by is None
-    assert retrieval.recall(graph, "residence").memories[0].id == old
+    assert recall(graph, "residence").memories[0].id == old
 
 
 # -- TTL and cleanup --------------------------------------------------------------------
@@ -803,7 +805,7 @@ def test_a_correction_whose_keys_are_empty_or_all_dropped_inherits_the_old_keys(
     new = result["new_id"]
     assert {k.concept for k in graph.read_memory(new).keys} == {"residence", "Seoul"}
     assert result["note"].startswith("Reused 2 prior key(s)")
-    assert retrieval.recall(graph, "residence").memories[0].id == new
+    assert recall(graph, "residence").memories[0].id == new
 
 
 def test_remembering_a_superseded_text_again_stores_a_new_memory(graph: MemoryGraph) -> None:
@@ -841,7 +843,7 @@ def test_a_memory_is_alive_at_its_expiry_instant_on_every_path_and_gone_a_second
     assert graph.stats().memories == 1 and graph.stats().expired_pending_cleanup == 0
     assert [k.concept for k in graph.browse_keys().keys] and graph.browse_keys().status == "ok"
     assert [h.memory_id for h in graph.read_key(demo).memories] == [mid]
-    assert retrieval.recall(graph, "demo link").memories[0].id == mid
+    assert recall(graph, "demo link").memories[0].id == mid
     assert graph.cleanup_expired().deleted == 0
     clock.advance(1)
     assert active_ids(graph) == [] and graph.stats().memories == 0

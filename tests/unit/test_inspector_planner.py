@@ -11,7 +11,8 @@ import pytest
 from engine_helpers import FakeClock
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.service import Service
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ENGINE = Path(__file__).resolve().parents[2] / "keymem_daemon" / "engine"
-MODULES = sorted([*(ENGINE / "reads").glob("*.py"), ENGINE / "retrieval.py", ENGINE / "transfer.py"])
+MODULES = sorted([*(ENGINE / "reads").glob("*.py"), ENGINE / "transfer.py"])
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -43,7 +43,8 @@ from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from keymem_daemon.engine.graph import Host, MemoryGraph
+    from keymem_daemon.engine.graph import MemoryGraph
+    from keymem_daemon.engine.writes.remember import Host
 
 # Above this many members a key's memories are found through the query's own candidates.
 HUB_SCAN: Final = 500

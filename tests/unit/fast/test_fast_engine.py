@@ -18,11 +18,12 @@ from fakes import InMemoryRepository
 
 from keymem_daemon.activity_log import ActivityLog
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import Host, MemoryGraph
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.ports import MemoryFilter, Reader, Writer
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import Memory, render
 from keymem_daemon.engine.text import Analyzer
+from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import Embedder
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(30)]
