@@ -27,13 +27,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Final
 
-from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, SCHEMA_VERSION, keymem_tables_missing
+from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, copy_file, file_memories
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +58,6 @@ class BackupInfo:
     problem: str | None = None
 
 
-def _open_readonly(path: Path) -> sqlite3.Connection:
-    # immutable: nobody writes a backup, and a plain read-only open of a WAL-mode file would
-    # create -wal/-shm files next to it.
-    return sqlite3.connect(f"file:{path}?immutable=1", uri=True)
-
-
 def inspect(path: Path, *, full_check: bool = False) -> BackupInfo:
     """What ``path`` holds; ``full_check`` runs SQLite's integrity check too (slower)."""
     try:
@@ -72,27 +65,9 @@ def inspect(path: Path, *, full_check: bool = False) -> BackupInfo:
     except OSError as exc:
         return BackupInfo(path, 0.0, None, f"cannot read it: {exc.strerror or exc}")
     try:
-        conn = _open_readonly(path)
-    except sqlite3.Error as exc:
-        return BackupInfo(path, mtime, None, f"cannot open it: {exc}")
-    try:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        missing = keymem_tables_missing(tables)
-        if missing:
-            return BackupInfo(path, mtime, None, f"not a keymem store (no table {', '.join(missing)})")
-        if version > SCHEMA_VERSION:
-            return BackupInfo(path, mtime, None, f"written by a newer keymem (schema {version})")
-        if full_check:
-            verdict = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
-            if verdict != ["ok"]:
-                return BackupInfo(path, mtime, None, f"damaged: {'; '.join(verdict)}")
-        count = int(conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
-    except sqlite3.Error as exc:
-        return BackupInfo(path, mtime, None, f"damaged: {exc}")
-    finally:
-        conn.close()
-    return BackupInfo(path, mtime, count)
+        return BackupInfo(path, mtime, file_memories(path, full_check=full_check))
+    except ValueError as exc:
+        return BackupInfo(path, mtime, None, str(exc))
 
 
 def backups(backup_dir: Path) -> list[Path]:
@@ -168,15 +143,7 @@ def restore(backup: BackupInfo, db_path: Path, *, now: float) -> Restored:
     aside_dir = db_path.parent / REPLACED_DIR / stamp(now)
     partial = db_path.with_name(f".{db_path.name}.restoring")
     partial.unlink(missing_ok=True)
-    source = _open_readonly(backup.path)
-    try:
-        target = sqlite3.connect(partial)
-        try:
-            source.backup(target)
-        finally:
-            target.close()
-    finally:
-        source.close()
+    copy_file(backup.path, partial)
     os.chmod(partial, 0o600)
     moved = _set_aside(db_path, aside_dir)
     partial.replace(db_path)

@@ -463,6 +463,52 @@ def keymem_tables_missing(tables: set[str]) -> list[str]:
     return sorted(_KEYMEM_TABLES - tables)
 
 
+def _open_immutable(path: Path) -> sqlite3.Connection:
+    # immutable: nobody writes a backup, and a plain read-only open of a WAL-mode file would
+    # create -wal/-shm files next to it.
+    return sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+
+
+def file_memories(path: Path, *, full_check: bool = False) -> int:
+    """How many memories the store file at ``path`` (a backup, which nobody writes) holds;
+    ``full_check`` runs SQLite's integrity check too (slower). ``ValueError`` says why the
+    file cannot be read as a keymem store."""
+    try:
+        conn = _open_immutable(path)
+    except sqlite3.Error as exc:
+        raise ValueError(f"cannot open it: {exc}") from exc
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = keymem_tables_missing(tables)
+        if missing:
+            raise ValueError(f"not a keymem store (no table {', '.join(missing)})")
+        if version > SCHEMA_VERSION:
+            raise ValueError(f"written by a newer keymem (schema {version})")
+        if full_check:
+            verdict = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
+            if verdict != ["ok"]:
+                raise ValueError(f"damaged: {'; '.join(verdict)}")
+        return int(conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+    except sqlite3.Error as exc:
+        raise ValueError(f"damaged: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """Copy the store file ``source`` (a backup, which nobody writes) to a new file ``target``."""
+    conn = _open_immutable(source)
+    try:
+        copy = sqlite3.connect(target)
+        try:
+            conn.backup(copy)
+        finally:
+            copy.close()
+    finally:
+        conn.close()
+
+
 def _check_is_keymem(conn: sqlite3.Connection, path: Path) -> None:
     """Refuse a database that is not a keymem store, asking only read-only questions."""
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
