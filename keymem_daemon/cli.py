@@ -18,72 +18,41 @@ import plistlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any, Final, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import click
 
-from keymem_daemon import __version__, logs, runtime
+from keymem_daemon import __version__, cli_inspect, logs, runtime
+from keymem_daemon.cli_shared import (
+    CliState,
+    daemon_client,
+    daemon_error,
+    emit,
+    json_option,
+    pass_state,
+    ready_daemon,
+)
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import Conflict, DaemonNotRunning, KeymemError
 
 if TYPE_CHECKING:
     # Imported where a command makes a request: ``keymemd run`` is the daemon, which makes
     # none and would carry httpx for nothing (see runtime.py).
-    import httpx
-
-F = TypeVar("F", bound=Callable[..., Any])
+    pass
 
 LOG_TAIL_LINES: Final = 30
 """Log lines shown when ``start`` fails."""
 FOLLOW_POLL_INTERVAL: Final = 0.25
-REQUEST_TIMEOUT: Final = 30.0
 TRANSFER_TIMEOUT: Final = 3600.0
 """Export and import of a large store may take minutes."""
 SYSTEMD_UNIT: Final = "keymemd.service"
 LAUNCHD_LABEL: Final = "dev.keymem.keymemd"
 
 CONTEXT_SETTINGS: Final = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-@dataclass
-class CliState:
-    """What every command shares: the environment, and ``--data-dir`` if given."""
-
-    environ: Mapping[str, str]
-    data_dir: Path | None = None
-    _settings: Settings | None = field(default=None, repr=False)
-
-    def settings(self, **overrides: Any) -> Settings:
-        """``Settings.from_env`` once; CLI flags override fields explicitly."""
-        if self._settings is None or overrides:
-            try:
-                built = Settings.from_env(self.environ, data_dir=self.data_dir, **overrides)
-            except KeymemError as exc:
-                raise click.ClickException(exc.message) from None
-            if overrides:
-                return built
-            self._settings = built
-        return self._settings
-
-
-pass_state = click.make_pass_decorator(CliState, ensure=True)
-
-
-def json_option(fn: F) -> F:
-    """``--json``: print one JSON object on stdout instead of text."""
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(fn)
-
-
-def emit(as_json: bool, data: Mapping[str, Any], human: str | Sequence[str]) -> None:
-    """The commands' only output: ``data`` as JSON, or the human text."""
-    if as_json:
-        click.echo(json.dumps(data, ensure_ascii=False, sort_keys=True))
-    else:
-        click.echo(human if isinstance(human, str) else "\n".join(human))
 
 
 def note(message: str) -> None:
@@ -102,39 +71,6 @@ def _duration(seconds: float) -> str:
         f"{minutes}m" if minutes else "",
     ]
     return " ".join(p for p in parts if p) or f"{secs}s"
-
-
-def _daemon_error(response: httpx.Response) -> click.ClickException:
-    try:
-        error = response.json()["error"]
-        message = f"{error['message']} ({error['code']}, HTTP {response.status_code})"
-    except (ValueError, KeyError, TypeError):
-        message = f"the daemon answered HTTP {response.status_code}"
-    return click.ClickException(message)
-
-
-def _ready_daemon(settings: Settings) -> runtime.DaemonInfo:
-    """The running daemon, once ready (it may still be loading); a ClickException if none."""
-    try:
-        runtime.read_daemon_info(settings.data_dir)
-        return runtime.wait_until_ready(settings.data_dir, timeout=settings.start_timeout)
-    except DaemonNotRunning as exc:
-        raise click.ClickException(f"{exc.message} (start it with: keymemd start)") from None
-
-
-def _client(info: runtime.DaemonInfo, timeout: float = REQUEST_TIMEOUT) -> httpx.Client:
-    """A client for ``info``'s daemon; each connection proves it reaches that daemon first."""
-    import httpx
-
-    from keymem_daemon.verified import verified_transport
-
-    return httpx.Client(
-        base_url=info.url,
-        headers=info.headers,
-        timeout=httpx.Timeout(timeout, connect=runtime.HEALTH_TIMEOUT * 5),
-        transport=verified_transport(info),
-        trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
-    )
 
 
 # -- the group -------------------------------------------------------------------------------
@@ -310,7 +246,7 @@ def status(state: CliState, as_json: bool) -> None:
         sys.exit(1)
     stats: dict[str, Any] = {}
     try:
-        with _client(info, runtime.HEALTH_TIMEOUT * 5) as client:
+        with daemon_client(info, runtime.HEALTH_TIMEOUT * 5) as client:
             response = client.get("/v1/stats")
         if response.status_code == 200:
             stats = response.json()
@@ -589,11 +525,11 @@ def export(state: CliState, output: Path | None, include_vectors: bool, as_json:
     \b
         keymemd export -o keymem-backup.json
     """
-    info = _ready_daemon(state.settings())
-    with _client(info, TRANSFER_TIMEOUT) as client:
+    info = ready_daemon(state.settings())
+    with daemon_client(info, TRANSFER_TIMEOUT) as client:
         response = client.post("/v1/export", json={"include_vectors": include_vectors})
     if response.status_code != 200:
-        raise _daemon_error(response)
+        raise daemon_error(response)
     if output is None:
         click.echo(response.text)
         return
@@ -642,7 +578,7 @@ def import_cmd(state: CliState, file: Path, as_json: bool) -> None:
     if not isinstance(parsed, dict):
         raise click.ClickException(f"{file} holds a JSON {type(parsed).__name__}; expected an export object")
     del parsed
-    info = _ready_daemon(state.settings())
+    info = ready_daemon(state.settings())
     import httpx
 
     result: dict[str, Any] | None = None
@@ -652,12 +588,12 @@ def import_cmd(state: CliState, file: Path, as_json: bool) -> None:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with (
-            _client(info, TRANSFER_TIMEOUT) as client,
+            daemon_client(info, TRANSFER_TIMEOUT) as client,
             client.stream("POST", "/v1/import", content=raw, headers={"Content-Type": "application/json"}) as response,
         ):
             if response.status_code != 200:
                 response.read()
-                raise _daemon_error(response)
+                raise daemon_error(response)
             for line in response.iter_lines():
                 if not line.strip():
                     continue
@@ -884,15 +820,14 @@ def list_command(state: CliState, namespace: str | None, role: str | None, as_js
         found = grants.list_grants(_team_store_url(state), namespace=namespace, role=role)
     except KeymemError as exc:
         raise click.ClickException(exc.message) from None
-    from keymem_daemon.cli_inspect import table
-
     rows = [[g.namespace, g.role, g.mode, g.granted_at] for g in found]
     emit(as_json, {"grants": [asdict(g) for g in found]},
-         table(["namespace", "role", "mode", "granted"], rows) if rows else "no grants")
+         cli_inspect.table(["namespace", "role", "mode", "granted"], rows) if rows else "no grants")
 
 
-# The inspection commands (ui, search, show, forget, keys, activity) register themselves.
-from keymem_daemon import cli_inspect  # noqa: E402, F401
+# The inspection commands: ui, search, show, forget, keys, activity.
+for _command in cli_inspect.COMMANDS:
+    cli.add_command(_command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

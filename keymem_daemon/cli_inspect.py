@@ -6,7 +6,7 @@ bearer token) and delete through the ``forget`` tool, so they see and do exactly
 web inspector and the agents do. Human tables by default; ``--json`` prints the daemon's
 answer as one JSON object (``activity -f --json``: one object per line).
 
-``cli.py`` imports this module at its end, which registers the commands on its group.
+``cli.py`` adds ``COMMANDS`` to its group.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import click
 
-from keymem_daemon.cli import CliState, _client, _daemon_error, _ready_daemon, cli, emit, json_option, pass_state
+from keymem_daemon.cli_shared import CliState, daemon_client, daemon_error, emit, json_option, pass_state, ready_daemon
 
 ACTIVITY_POLL_INTERVAL: Final = 1.0
 """Seconds between ``keymemd activity -f`` polls (a person watching, not a benchmark)."""
@@ -29,11 +29,11 @@ CONTENT_COLUMN: Final = 60
 
 
 def _get(state: CliState, path: str, params: Mapping[str, Any] | None = None) -> Any:
-    info = _ready_daemon(state.settings())
-    with _client(info) as client:
+    info = ready_daemon(state.settings())
+    with daemon_client(info) as client:
         response = client.get(path, params={k: v for k, v in (params or {}).items() if v is not None})
     if response.status_code != 200:
-        raise _daemon_error(response)
+        raise daemon_error(response)
     return response.json()
 
 
@@ -61,7 +61,7 @@ def _memory_path(memory_id: str) -> str:
     return "/v1/inspect/memory/" + quote(memory_id, safe="")
 
 
-@cli.command()
+@click.command()
 @click.option("--print", "print_only", is_flag=True, help="Print the login link instead of opening a browser.")
 @json_option
 @pass_state
@@ -73,18 +73,18 @@ def ui(state: CliState, print_only: bool, as_json: bool) -> None:
     \b
         keymemd ui --print
     """
-    info = _ready_daemon(state.settings())
-    with _client(info) as client:
+    info = ready_daemon(state.settings())
+    with daemon_client(info) as client:
         response = client.post("/v1/inspect/login-link")
     if response.status_code != 200:
-        raise _daemon_error(response)
+        raise daemon_error(response)
     url = str(response.json()["url"])
     opened = False if print_only or as_json else webbrowser.open(url)
     emit(as_json, {"url": url, "opened": opened},
          f"opened the inspector in your browser ({url})" if opened else url)
 
 
-@cli.command()
+@click.command()
 @click.argument("query", default="")
 @click.option("--namespace", help="Only this namespace.")
 @click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True, help="Most results.")
@@ -105,7 +105,7 @@ def search(state: CliState, query: str, namespace: str | None, limit: int, as_js
     emit(as_json, data, human)
 
 
-@cli.command()
+@click.command()
 @click.argument("memory_id")
 @json_option
 @pass_state
@@ -141,7 +141,7 @@ def _describe(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-@cli.command()
+@click.command()
 @click.argument("memory_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
@@ -159,11 +159,11 @@ def forget(state: CliState, memory_id: str, yes: bool, as_json: bool) -> None:
         click.echo(f"{memory_id}: {_cut(data['memory']['content'], 200)}", err=True)
         if not click.confirm("Forget this memory for good?", err=True):
             raise click.ClickException("not forgotten")
-    info = _ready_daemon(state.settings())
-    with _client(info) as client:
+    info = ready_daemon(state.settings())
+    with daemon_client(info) as client:
         response = client.post("/v1/tools/forget", json={"arguments": {"memory_id": memory_id}})
     if response.status_code != 200:
-        raise _daemon_error(response)
+        raise daemon_error(response)
     result = response.json()["result"]
     if result.get("error") or not result.get("deleted"):
         raise click.ClickException(str(result.get("error") or f"Memory {memory_id} not found"))
@@ -171,7 +171,7 @@ def forget(state: CliState, memory_id: str, yes: bool, as_json: bool) -> None:
     emit(as_json, result, f"forgot {memory_id}{restored}")
 
 
-@cli.command()
+@click.command()
 @click.option("--namespace", help="Only this namespace.")
 @click.option("--hubs", is_flag=True, help="Only hub keys.")
 @click.option("--limit", type=click.IntRange(1, 500), default=100, show_default=True, help="Most keys.")
@@ -196,7 +196,7 @@ def _entry_line(entry: Mapping[str, Any]) -> str:
     return f"{_when(entry['at'])}  {entry['kind']:<14}  {entry['summary']}"
 
 
-@cli.command()
+@click.command()
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new entries until Ctrl+C.")
 @click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True, help="Entries shown first.")
 @click.option("--kind", help="Only this kind (inject, remember, correct, forget, confirm_memory, dismiss, import).")
@@ -228,3 +228,6 @@ def activity(state: CliState, follow: bool, limit: int, kind: str | None, as_jso
             latest = max(latest, int(data["latest_id"]))
     except KeyboardInterrupt:
         return
+
+
+COMMANDS: Final = (ui, search, show, forget, keys, activity)
