@@ -5,10 +5,11 @@ The fixtures built from them are in ``conftest.py``."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -18,6 +19,9 @@ from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp.tools import Context, Outcome, call_tool
+from keymem_daemon.store.sqlite.database import Store
+
+T = TypeVar("T")
 
 DAY = 86400.0
 # 2023-11-14T22:13:20Z: a fixed "now" so date windows and ages are reproducible.
@@ -96,8 +100,30 @@ def key_id(graph: MemoryGraph, concept: str) -> str:
     return kid
 
 
+def db_read(store: Store, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """``fn`` on a connection of the test's own to the store's file: the store's readers
+    offer domain operations only, and a test looks at the rows themselves."""
+    conn = sqlite3.connect(store.path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return fn(conn)
+    finally:
+        conn.close()
+
+
+def db_write(store: Store, fn: Callable[[sqlite3.Connection], object]) -> None:
+    """``fn`` in one transaction on a connection of the test's own: rows changed under the
+    engine, as an older keymem or a damaged file leaves them."""
+    conn = sqlite3.connect(store.path)
+    try:
+        with conn:
+            fn(conn)
+    finally:
+        conn.close()
+
+
 def link_weight(graph: MemoryGraph, kid: str, mid: str) -> float | None:
-    row = graph.store.read(
+    row = db_read(graph.store,
         lambda c: c.execute(
             "SELECT weight FROM links WHERE key_id = ? AND memory_id = ?", (kid, mid)
         ).fetchone()
@@ -106,7 +132,7 @@ def link_weight(graph: MemoryGraph, kid: str, mid: str) -> float | None:
 
 
 def memory_row(graph: MemoryGraph, mid: str) -> dict[str, Any] | None:
-    row = graph.store.read(
+    row = db_read(graph.store,
         lambda c: c.execute("SELECT * FROM memories WHERE id = ?", (mid,)).fetchone()
     )
     return None if row is None else dict(row)
@@ -119,5 +145,5 @@ def state(graph: MemoryGraph) -> dict[str, Any]:
 
 def fts_rows(graph: MemoryGraph) -> int:
     return int(
-        graph.store.read(lambda c: c.execute("SELECT COUNT(*) FROM memory_fts").fetchone()[0])
+        db_read(graph.store, lambda c: c.execute("SELECT COUNT(*) FROM memory_fts").fetchone()[0])
     )

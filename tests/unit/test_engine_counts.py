@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from engine_helpers import FakeClock, remember
+from engine_helpers import FakeClock, db_read, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
@@ -27,7 +27,7 @@ def sql_counts(graph: MemoryGraph, namespace: str | None) -> dict[str, int]:
     sql = (f"SELECT l.key_id, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id WHERE {ACTIVE}"
            + (" AND m.namespace = ?" if namespace else "") + " GROUP BY l.key_id")
     params = [now, namespace] if namespace else [now]
-    return dict(graph.store.read(lambda c: c.execute(sql, params).fetchall()))
+    return dict(db_read(graph.store, lambda c: c.execute(sql, params).fetchall()))
 
 
 def assert_counts_match(graph: MemoryGraph) -> None:
@@ -53,13 +53,13 @@ def test_key_counts_follow_every_write_path_and_survive_a_reopen(
                                ttl_seconds=rng.choice([30.0, 3600.0]) if action == "ttl" else None)
                 live.append(mid)
             elif action == "duplicate":
-                row = graph.store.read(lambda c: c.execute(
+                row = db_read(graph.store, lambda c: c.execute(
                     "SELECT content, namespace FROM memories WHERE id = ?", (live[-1],)).fetchone())
                 if row is not None:
                     remember(graph, row[0], [rng.choice(WORDS), "extra key"], namespace=row[1])
             elif action == "correct":
                 target = rng.choice(live)
-                active = graph.store.read(lambda c, target=target: c.execute(
+                active = db_read(graph.store, lambda c, target=target: c.execute(
                     f"SELECT 1 FROM memories m WHERE m.id = ? AND {ACTIVE}", (target, clock())).fetchone())
                 request = graph.prepare(content=f"corrected {step}", keys=None, require_keys=False)
                 result = graph.correct(target, request, keys_given=False, related_given=False,

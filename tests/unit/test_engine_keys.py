@@ -6,7 +6,7 @@ alias learning (promote-N, confirm floor, alias cap, prune age)."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import DAY, FakeClock, GraphFactory, key_id, remember
+from engine_helpers import DAY, FakeClock, GraphFactory, db_read, key_id, remember
 
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import conflicting_qualifiers, sanitize_keys
@@ -361,7 +361,7 @@ def aliases_of(graph: MemoryGraph, kid: str) -> tuple[str, ...]:
 
 
 def candidates(graph: MemoryGraph) -> list[tuple[str, str, int]]:
-    return graph.store.read(
+    return db_read(graph.store,
         lambda c: [
             tuple(r)
             for r in c.execute(
@@ -498,7 +498,7 @@ def test_a_learned_alias_that_was_hit_survives_the_prune(
     hometown = key_id(graph, "hometown")
     weak_reads(graph, "birthplace", mid, hometown, 3)
     assert recall(graph, "birthplace").keys[0].match_type == "alias"
-    hits = graph.store.read(
+    hits = db_read(graph.store,
         lambda c: c.execute(
             "SELECT hits FROM aliases WHERE key_id = ? AND norm = 'birthplace'", (hometown,)
         ).fetchone()[0]

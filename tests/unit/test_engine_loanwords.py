@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import FakeClock, key_id, open_graph, remember
+from engine_helpers import FakeClock, db_read, db_write, key_id, open_graph, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -34,7 +34,7 @@ DOCKER_BUILD = "도커로 로컬 빌드를 할 때는 BuildKit 캐시를 켠다.
 
 
 def fts_tokens(graph: MemoryGraph, memory_id: str) -> tuple[list[str], list[str]]:
-    row = graph.store.read(lambda c: c.execute(
+    row = db_read(graph.store, lambda c: c.execute(
         "SELECT f.content_tokens, f.key_tokens FROM memory_fts f JOIN memories m ON m.rowid = f.rowid "
         "WHERE m.id = ?", (memory_id,)).fetchone())
     return row[0].split(), row[1].split()
@@ -211,8 +211,8 @@ def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_
         mapped = remember(graph, "맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"])
         remember(graph, "느린 쿼리는 slow log에서 찾는다.", ["느린 쿼리", "slow query"])
         # As an older keymem left it: 맵 (read as the adjective 맵다) dropped from the index.
-        graph.store.write(lambda tx: tx.conn.execute(damage, (VOCABULARY_META,)))
-        graph.store.write(lambda tx: tx.conn.execute(
+        db_write(graph.store, lambda c: c.execute(damage, (VOCABULARY_META,)))
+        db_write(graph.store, lambda c: c.execute(
             "UPDATE memory_fts SET content_tokens = '화면 mapbox gl 그리', key_tokens = 'map mapbox' "
             "WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)", (mapped,)))
     fresh = Analyzer()
@@ -220,7 +220,7 @@ def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_
         assert fresh.learned == {"맵"}
         content, keys = fts_tokens(graph, mapped)
         assert "맵" in content and "맵" in keys
-        assert graph.store.read(lambda c: c.execute(
+        assert db_read(graph.store, lambda c: c.execute(
             "SELECT value FROM meta WHERE name = ?", (VOCABULARY_META,)).fetchone()[0]) == '["맵"]'
 
 
@@ -232,7 +232,7 @@ def test_an_import_learns_the_loanwords_of_its_keys(tmp_path: Path, opened: Open
     with opened(tmp_path / "b.db", fresh) as target:
         transfer.import_data(target, exported)
         assert fresh.learned == {"커버리지"}
-        (memory,) = target.store.read(lambda c: c.execute("SELECT id FROM memories").fetchall())
+        (memory,) = db_read(target.store, lambda c: c.execute("SELECT id FROM memories").fetchall())
         assert "커버리지" in fts_tokens(target, memory[0])[0]
 
 

@@ -11,6 +11,7 @@ from engine_helpers import (
     START,
     FakeClock,
     Tools,
+    db_read,
     key_id,
     link_weight,
     memory_row,
@@ -496,7 +497,7 @@ def test_dismiss_cancels_a_pending_alias_candidate(graph: MemoryGraph) -> None:
     result = graph.dismiss(mid, hometown)
     assert result.alias_candidate_cleared == "birthplace"
     assert (
-        graph.store.read(lambda c: c.execute("SELECT COUNT(*) FROM alias_candidates").fetchone()[0])
+        db_read(graph.store, lambda c: c.execute("SELECT COUNT(*) FROM alias_candidates").fetchone()[0])
         == 0
     )
     # The cancelled confirmation does not count toward promotion any more.

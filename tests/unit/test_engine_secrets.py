@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_helpers import FakeClock, Tools, memory_row, open_graph, remember
+from engine_helpers import FakeClock, Tools, db_read, memory_row, open_graph, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -72,7 +72,7 @@ def test_remember_stores_and_exports_no_secret_and_reports_it(
     )
     assert secret not in graph.read_memory(result["saved"]).memory.content
     assert secret not in str(transfer.export(graph, include_vectors=True))
-    fts = graph.store.read(lambda c: [tuple(r) for r in c.execute("SELECT * FROM memory_fts")])
+    fts = db_read(graph.store, lambda c: [tuple(r) for r in c.execute("SELECT * FROM memory_fts")])
     assert secret.lower() not in str(fts).lower()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from engine_helpers import FakeClock, key_id, link_weight, open_graph, remember, state
+from engine_helpers import FakeClock, db_read, db_write, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -50,9 +50,10 @@ def user_version(path: Path) -> int:
 def test_the_store_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "keymem.db")
     try:
-        assert store.read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
-        assert store.read(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
-        assert store.write(lambda tx: tx.conn.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
+        # The store's own connections (a test's would not have foreign_keys on).
+        assert store.read(lambda r: r._conn.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
+        assert store.read(lambda r: r._conn.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+        assert store.write(lambda tx: tx._conn.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
     finally:
         store.close()
 
@@ -142,7 +143,7 @@ def test_a_failing_write_leaves_no_partial_rows(tmp_path: Path) -> None:
     ran: list[str] = []
 
     def write(tx: Tx) -> None:
-        tx.conn.execute("INSERT INTO meta(name, value) VALUES ('half', 'written')")
+        tx.set_meta({"half": "written"})
         tx.after_commit(lambda: ran.append("after"))
         raise ValueError("boom")
 
@@ -150,16 +151,16 @@ def test_a_failing_write_leaves_no_partial_rows(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="boom"):
             store.write(write)
         assert (
-            store.read(
+            db_read(store,
                 lambda c: c.execute("SELECT COUNT(*) FROM meta WHERE name = 'half'").fetchone()[0]
             )
             == 0
         )
         assert ran == [], "after-commit work must not run for a rolled-back write"
         # The writer is still usable afterwards.
-        store.write(lambda tx: tx.conn.execute("INSERT INTO meta(name, value) VALUES ('ok', '1')"))
+        store.write(lambda tx: tx.set_meta({"ok": "1"}))
         assert (
-            store.read(
+            db_read(store,
                 lambda c: c.execute("SELECT value FROM meta WHERE name = 'ok'").fetchone()[0]
             )
             == "1"
@@ -171,8 +172,9 @@ def test_a_failing_write_leaves_no_partial_rows(tmp_path: Path) -> None:
 def test_a_database_error_inside_a_write_becomes_a_store_error(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "keymem.db")
     try:
+        db_write(store, lambda c: c.execute("DROP TABLE meta"))
         with pytest.raises(StoreError):
-            store.write(lambda tx: tx.conn.execute("INSERT INTO no_such_table VALUES (1)"))
+            store.write(lambda tx: tx.set_meta({"ok": "1"}))
     finally:
         store.close()
 
@@ -276,7 +278,7 @@ def test_reopening_the_store_after_close_loses_nothing(
         new = reopened.read_memory(fixed.new_id)  # type: ignore[union-attr]
         assert new.memory.supersedes == b
         assert new.memory.related_to == [a]
-        old = reopened.store.read(
+        old = db_read(reopened.store,
             lambda conn: conn.execute(
                 "SELECT superseded_by, depth, confirmation_count FROM memories WHERE id = ?", (b,)
             ).fetchone()

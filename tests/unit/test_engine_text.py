@@ -6,7 +6,7 @@ from __future__ import annotations
 import unicodedata
 
 import pytest
-from engine_helpers import key_id, remember
+from engine_helpers import db_read, key_id, remember
 
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads.channels import lexical
@@ -173,7 +173,7 @@ def test_a_forgotten_memory_leaves_the_lexical_index(graph: MemoryGraph) -> None
     graph.forget(mid)
     assert lexical_ids(graph, "flamingo") == []
     assert (
-        graph.store.read(lambda c: c.execute("SELECT COUNT(*) FROM memory_fts").fetchone()[0]) == 0
+        db_read(graph.store, lambda c: c.execute("SELECT COUNT(*) FROM memory_fts").fetchone()[0]) == 0
     )
 
 

@@ -14,6 +14,7 @@ from engine_helpers import (
     START,
     FakeClock,
     Tools,
+    db_read,
     key_id,
     link_weight,
     memory_row,
@@ -324,7 +325,7 @@ def test_concurrent_distinct_remembers_lose_no_update(graph: MemoryGraph) -> Non
     service = key_id(graph, "service")
     assert graph.read_key(service, limit=50).total == 24
     assert graph.keys.get(service).link_count == 24  # type: ignore[union-attr]
-    links = graph.store.read(
+    links = db_read(graph.store,
         lambda c: c.execute(
             "SELECT COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id"
         ).fetchone()[0]
@@ -607,7 +608,7 @@ def test_forget_hard_deletes_and_prunes_orphan_keys(graph: MemoryGraph, tools: T
     assert memory_row(graph, a) is None
     assert graph.keys.get(alembic) is None
     assert (
-        graph.store.read(
+        db_read(graph.store,
             lambda c: c.execute("SELECT COUNT(*) FROM keys WHERE id = ?", (alembic,)).fetchone()[0]
         )
         == 0
@@ -615,7 +616,7 @@ def test_forget_hard_deletes_and_prunes_orphan_keys(graph: MemoryGraph, tools: T
     assert graph.keys.get(atlas) is not None and graph.keys.get(atlas).link_count == 1  # type: ignore[union-attr]
     assert graph.read_memory(b).memory.related_to == []
     assert (
-        graph.store.read(lambda c: c.execute("SELECT COUNT(*) FROM relations").fetchone()[0]) == 0
+        db_read(graph.store, lambda c: c.execute("SELECT COUNT(*) FROM relations").fetchone()[0]) == 0
     )
     assert tools.ok("forget", {"memory_id": a}) == {"deleted": False}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from keymem_daemon.engine.freshness import Validity, freshness, rank_factor, validity
 from keymem_daemon.engine.indexes import GraphIndexes
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Transitional: what count_active/batch_siblings/related_ids take. retrieval.py still annotates
-# the snapshot ``Store.read`` hands it as ``sqlite3.Connection``; it becomes ``ports.Reader``.
-SnapshotArg = Reader | Any
-
 # related(): the members of each shared key looked at (bounds the work on a hub).
 RELATED_PER_KEY: Final = 2000
 
@@ -56,7 +52,7 @@ class Browsing(GraphIndexes):
     def rank_factor_of(self, memory: Memory, now: float) -> float:
         return rank_factor(freshness(memory.decay_profile, memory.last_confirmed_at, now, self.lives))
 
-    def count_active(self, reader: SnapshotArg, namespace: str | None, now: float) -> int:
+    def count_active(self, reader: Reader, namespace: str | None, now: float) -> int:
         """Active memories in a namespace (None: in all of them)."""
         return reader.count_active(namespace, now)
 
@@ -68,13 +64,13 @@ class Browsing(GraphIndexes):
             specificity=round(1.0 / count, 3) if count else 0.0,
         )
 
-    def batch_siblings(self, reader: SnapshotArg, memory: Memory, now: float) -> list[str] | None:
+    def batch_siblings(self, reader: Reader, memory: Memory, now: float) -> list[str] | None:
         batch = memory.batch_id
         if batch is None:
             return None
         return reader.batch_siblings(batch, memory, now) or None
 
-    def related_ids(self, reader: SnapshotArg, memory_id: str) -> list[str]:
+    def related_ids(self, reader: Reader, memory_id: str) -> list[str]:
         return reader.related_ids(memory_id)
 
     def resolve_namespace(self, namespace: object, *, field: str = "namespace") -> str | None:

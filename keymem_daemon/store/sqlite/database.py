@@ -367,9 +367,7 @@ class Store:
                 self._readers.append(conn)
         return conn
 
-    # Callable[[Any], T] while callbacks outside store/ are still typed sqlite3.Connection
-    # (transitional, as SqliteReader.execute): it becomes Callable[[SqliteReader], T].
-    def read(self, fn: Callable[[Any], T]) -> T:
+    def read(self, fn: Callable[[SqliteReader], T]) -> T:
         """Run ``fn`` on this thread's read connection inside one snapshot."""
         conn = self._reader()
         conn.execute("BEGIN")
@@ -413,7 +411,7 @@ class Store:
         partial.replace(dest)
 
     def integrity_check(self) -> str:
-        return str(self.read(lambda conn: conn.execute("PRAGMA integrity_check").fetchone()[0]))
+        return self.read(lambda reader: reader.integrity_check())
 
     def _exclusive(self, fn: Callable[[sqlite3.Connection], object]) -> None:
         """Run ``fn`` on the writer connection outside any transaction (between writes)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
 from keymem_daemon.store.sqlite.keys import KeyRows
@@ -38,14 +37,9 @@ class SqliteReader(
 
     _conn: sqlite3.Connection
 
-    # Transitional: callers that still hold SQL run it here. Removed once every SQL statement
-    # lives in this package (tests/unit/test_architecture.py enforces it).
-    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
-        return self._conn.execute(sql, parameters)
-
-    @property
-    def conn(self) -> sqlite3.Connection:  # transitional, as execute()
-        return self._conn
+    def integrity_check(self) -> str:
+        """SQLite's verdict on the whole file: ``ok``, or the first problem it found."""
+        return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
 @dataclass(slots=True)
