@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.indexes import VOCABULARY_META, Clock, vector_bytes, vector_problem
 from keymem_daemon.engine.links import EXPLORED_DECAY, HOP_REINFORCE, LINK_MAX, LINK_MIN, REINFORCE
+from keymem_daemon.engine.ports import Repository
 from keymem_daemon.engine.records import ReadKeyResult
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.maintenance import Maintenance
@@ -84,7 +85,7 @@ class MemoryGraph(Maintenance):
     @classmethod
     def over(
         cls,
-        store: Store,
+        store: Repository,
         embedder: Embedder,
         settings: Settings,
         *,
