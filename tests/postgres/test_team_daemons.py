@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
 from pg_cluster import PgCluster
 
 PROPAGATION_TIMEOUT = 30.0
@@ -27,6 +28,7 @@ RECOVERY_TIMEOUT = 90.0
 """Seconds for a daemon to write again after its server restarted (the pool reconnects with
 backoff from 1 s)."""
 PROPAGATION_ROUNDS = 5
+Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
@@ -113,44 +115,33 @@ def test_the_same_key_made_through_both_daemons_at_once_is_one_key(
     assert linked is not None and linked[0] == 2
 
 
-def test_a_role_without_a_grant_gets_nothing_through_keymem(
-        factories: list[DaemonFactory], tmp_path: Path, pg_cluster: PgCluster, pg_database: str) -> None:
+def test_a_role_gets_through_keymem_only_the_namespaces_granted_to_it(
+        factories: list[DaemonFactory], tmp_path: Path, cli: Cli, pg_cluster: PgCluster, pg_database: str) -> None:
     owner = _start(factories, tmp_path, "owner", pg_database)
-    secret = owner.remember("the payroll export runs from the finance box at midnight", ["payroll export"])
+    private = owner.remember("the payroll export runs from the finance box at midnight", ["payroll export"])
+    shared = owner.remember("the deploy freeze starts every friday at three", ["deploy freeze"], namespace="team-docs")
     database = pg_database.rsplit("/", 1)[1]
-    stranger = pg_cluster.create_role("stranger")
-    pg_cluster.admin(f'GRANT CONNECT ON DATABASE "{database}" TO "{stranger}"')
-    url = pg_cluster.url_for(stranger, database)
+    reader_role, stranger_role = pg_cluster.create_role("reader"), pg_cluster.create_role("stranger")
+    granted = cli("team", "grant", "team-docs", reader_role, env=isolated_env(tmp_path, KEYMEM_STORE_URL=pg_database))
+    assert granted.returncode == 0, granted.stderr
+    # A role with no grant at all (but allowed to connect, so that row-level security is what
+    # stops it): its daemon refuses to serve, saying why, and shows nothing.
+    pg_cluster.admin(f'GRANT CONNECT ON DATABASE "{database}" TO "{stranger_role}"')
     (tmp_path / "stranger").mkdir()
-    factory = DaemonFactory(tmp_path / "stranger")
-    factories.append(factory)
-    process, _ = factory.spawn(KEYMEM_STORE_URL=url)
-
-    def outcome() -> str | None:
-        info = factory.data_dir / "daemon.json"
-        if process.poll() is not None:
-            return "exited"
-        if not info.exists():
-            return None
-        try:
-            from keymem_daemon import runtime
-
-            ready = runtime.wait_until_ready(factory.data_dir, timeout=1.0, process=process)
-        except Exception:  # noqa: BLE001 - not ready yet, or failed: looked at below
-            return None
-        return "ready" if ready else None
-
-    # The role may open no table of keymem's: the daemon either refuses to load, or -- when it
-    # can -- serves nothing of the owner's.
-    state = wait_for(outcome, 60.0, message="the stranger's daemon to settle")
-    if state == "ready":
-        info = factory.started[0].info if factory.started else None
-        assert info is None or secret not in json.dumps(info)
-    log = (factory.data_dir / "logs" / "daemon.log").read_text(errors="replace") \
-        if (factory.data_dir / "logs" / "daemon.log").exists() else ""
-    process.kill()
-    process.wait(timeout=30)
-    assert "payroll" not in log
+    stranger = DaemonFactory(tmp_path / "stranger")
+    process, output = stranger.spawn(KEYMEM_STORE_URL=pg_cluster.url_for(stranger_role, database))
+    assert process.wait(timeout=READY_TIMEOUT * 2) == 1
+    said = output.read_text(errors="replace") + (stranger.data_dir / "logs" / "daemon.log").read_text(errors="replace")
+    assert f"as {stranger_role} refused" in said and "row-level security" in said, said
+    assert "payroll" not in said and all(p not in said for p in pg_cluster.passwords.values())
+    # A role granted one namespace to read: that namespace, nothing else, and no writes.
+    reader = _start(factories, tmp_path, "reader", pg_cluster.url_for(reader_role, database))
+    assert _recalls(reader, "deploy freeze friday", shared)
+    assert not _recalls(reader, "payroll export finance box midnight", private)
+    assert private not in json.dumps(reader.call("recall", {"query": "payroll export", "namespace": "default"}))
+    refused = reader.call("remember", {"content": "a note the reader may not write", "keys": ["note"],
+                                       "namespace": "team-docs"})
+    assert f"as {reader_role} refused the write" in refused["result"].get("error", ""), refused
 
 
 def _remember_raw(client: httpx.Client, i: int) -> tuple[int, Any]:
