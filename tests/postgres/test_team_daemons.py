@@ -197,3 +197,11 @@ def test_stopping_postgresql_mid_burst_loses_no_acknowledged_write(
     with psycopg.connect(own_pg_cluster.url) as conn:
         stored = {r[0] for r in conn.execute("SELECT id FROM memories")}
     assert set(acknowledged) <= stored, set(acknowledged) - stored
+
+
+def test_restore_says_it_does_not_apply_to_a_postgresql_store(cli: Cli, tmp_path: Path) -> None:
+    url = "postgresql://alice:hunter2@db.example:5432/keymem"
+    done = cli("restore", env=isolated_env(tmp_path, KEYMEM_STORE_URL=url))
+    assert done.returncode == 1
+    assert "SQLite backups only" in done.stderr and "db.example:5432/keymem" in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
