@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import threading
 import time
 import unicodedata
 import uuid
@@ -138,6 +139,7 @@ class GraphIndexes:
         self.bodies = VectorTable(embedder.dim, quantized=True)
         self.counts = ActiveCounts()
         self.namespace_codes: dict[str, int] = {}
+        self._codes_lock = threading.Lock()
         # The loanwords the lexical index was cut with; the analyzer may know more.
         self.indexed_vocabulary: frozenset[str] = frozenset()
         self.buffer = RecallBuffer(clock)
@@ -156,7 +158,9 @@ class GraphIndexes:
     def namespace_code(self, namespace: str) -> int:
         code = self.namespace_codes.get(namespace)
         if code is None:
-            code = self.namespace_codes[namespace] = len(self.namespace_codes) + 1
+            # The writer's after-commit steps and a shared store's change follower both add codes.
+            with self._codes_lock:
+                code = self.namespace_codes.setdefault(namespace, len(self.namespace_codes) + 1)
         return code
 
     def reload_indexes(self) -> None:
