@@ -38,6 +38,9 @@ READY_SLICE: Final = 1.0
 """One ``wait_until_ready`` inside the wait above, between looks at the daemon's progress."""
 EXIT_TIMEOUT: Final = 30.0
 CLI_TIMEOUT: Final = 60.0
+REQUEST_TIMEOUT: Final = 30.0
+"""One request to a test daemon (httpx's 5 s default is too short for a first write, which
+warms the embedder and Kiwi, on a busy 2-core machine)."""
 POLL: Final = 0.02
 
 # Never inherited by a test daemon: they would change what it does or who it thinks calls.
@@ -167,7 +170,7 @@ class DaemonProcess:
                 parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-6000:]}")
         return "\n".join(parts) or "(no log)"
 
-    def client(self, *, token: str | None = None, timeout: float = 30.0, **kwargs: Any) -> httpx.Client:
+    def client(self, *, token: str | None = None, timeout: float = REQUEST_TIMEOUT, **kwargs: Any) -> httpx.Client:
         """An HTTP client for this daemon, authenticated unless ``token=""``; closed at teardown."""
         token = self.token if token is None else token
         headers = {"Authorization": f"Bearer {token}"} if token else {}

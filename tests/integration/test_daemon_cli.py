@@ -12,7 +12,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_helpers import CLI_TIMEOUT, READY_TIMEOUT, DaemonFactory, isolated_env, live_processes, wait_for
+from daemon_helpers import (
+    CLI_TIMEOUT,
+    READY_TIMEOUT,
+    REQUEST_TIMEOUT,
+    DaemonFactory,
+    isolated_env,
+    live_processes,
+    wait_for,
+)
 
 from keymem_daemon import __version__, runtime
 
@@ -157,7 +165,7 @@ def test_logs_follow_prints_new_lines(cli: Cli, tmp_path: Path) -> None:
 def test_export_and_import_through_the_cli(cli: Cli, tmp_path: Path, stopped_at_end: None) -> None:
     assert cli("start").returncode == 0
     info = runtime.read_daemon_info(tmp_path / "data")
-    with httpx.Client(base_url=info.url, headers=info.headers) as client:
+    with httpx.Client(base_url=info.url, headers=info.headers, timeout=REQUEST_TIMEOUT) as client:
         for text, keys in (
             ("Mina likes green tea", ["Mina", "tea"]),
             ("The API runs on port 8080", ["api", "port"]),
@@ -213,7 +221,7 @@ def test_status_lists_the_loanwords_the_store_taught_kiwi_across_restarts(
 ) -> None:
     assert cli("start").returncode == 0
     info = runtime.read_daemon_info(tmp_path / "data")
-    with httpx.Client(base_url=info.url, headers=info.headers) as client:
+    with httpx.Client(base_url=info.url, headers=info.headers, timeout=REQUEST_TIMEOUT) as client:
         result = client.post("/v1/tools/remember", json={"arguments": {
             "content": "스프린트 작업은 전부 지라에서 관리한다.", "keys": ["지라", "Jira", "스프린트"]}}).json()
         assert result["is_error"] is False
