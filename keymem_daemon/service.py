@@ -228,7 +228,8 @@ class Service:
     @staticmethod
     def _follow(graph: MemoryGraph, batch: list[Any]) -> None:
         """Apply a batch of the change log (``store.postgres.changes.Change``) to the tables."""
-        memories = [c.id for c in batch if c.kind in ("memory", "link", "relation")]
+        # A link whose weight changed (recall reinforces the links it used) changes none of them.
+        memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
         keys = [c.id for c in batch if c.kind in ("key", "alias")]
         if memories or keys:
             graph.follow_changes(memories, keys)
