@@ -27,7 +27,7 @@ from keymem_daemon.engine.reads import hybrid, query
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
 from keymem_daemon.engine.writes.remember import Host
-from keymem_daemon.errors import ConfigError, InvalidInput, KeymemError, NotFound, NotReady
+from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError
 from keymem_daemon.mcp import instructions, tools
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,8 @@ class DaemonStats:
     embedder_note: str | None = None
     reranker: dict[str, Any] | None = None
     downloads: dict[str, Any] | None = None
+    stale: str | None = None
+    """Why the counts and what recall serves may lag a shared store that does not answer."""
 
     def as_dict(self) -> dict[str, Any]:
         """One flat JSON object: the store's counts beside the daemon's own fields, and no
@@ -88,7 +90,8 @@ class DaemonStats:
                                "store": self.store}
         if self.counts is not None:
             out.update(render(self.counts))
-        for name in ("embedder", "korean_analyzer", "learned_words", "embedder_note", "reranker", "downloads"):
+        for name in ("embedder", "korean_analyzer", "learned_words", "embedder_note", "reranker", "downloads",
+                     "stale"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = render(value)
@@ -154,6 +157,8 @@ class Service:
         self._start_warnings: list[str] = []
         # Where the copy of a store deleted under the daemon was saved (``watch_store``).
         self._rescued: str | None = None
+        # The shared store's change-log follower (KEYMEM_STORE_URL only).
+        self._follower: Any = None
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
         # What the push path surfaced in each host session, so it says nothing twice.
         self.sessions = push.SessionMemory(ttl=settings.inject_session_ttl, clock=clock)
@@ -170,10 +175,6 @@ class Service:
         started = time.perf_counter()
         single_threaded_blas()
         try:
-            if self.settings.store_url is not None:
-                # The PostgreSQL store (store/postgres) is not behind the engine's ports yet.
-                raise ConfigError(f"KEYMEM_STORE_URL points at {self.settings.store_description}, but this keymemd "
-                                  "cannot serve from a PostgreSQL store yet; unset it to use the SQLite store")
             self.progress = DownloadProgress()
             embedder, note = load_embedder_or_default(self.settings, progress=self.progress)
             self.embedder_note = note
@@ -182,11 +183,14 @@ class Service:
             self.reranker = RerankerManager(self.settings, progress=self.progress)
             # auto/true: use the cached model, or fetch it in the background (never blocking).
             self.reranker.start()
-            graph = MemoryGraph.open(
-                self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
-                reranker=self.reranker if self.settings.rerank != "false" else None,
-                progress=self._re_embedding)
-            self._compare_with_backups(graph)
+            reranker = self.reranker if self.settings.rerank != "false" else None
+            if self.settings.store_url is not None:
+                graph = self._open_team_store(CachedEmbedder(embedder), reranker)
+            else:
+                graph = MemoryGraph.open(
+                    self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
+                    reranker=reranker, progress=self._re_embedding)
+                self._compare_with_backups(graph)
             if graph.has_hangul_content():
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
@@ -200,6 +204,44 @@ class Service:
             self.state = "failed"
             self.error = str(exc)
             logger.exception("loading failed")
+
+    def _open_team_store(self, embedder: Any, reranker: Any) -> MemoryGraph:
+        """The engine over the PostgreSQL store at ``KEYMEM_STORE_URL`` (schema brought up to
+        date), following its change log from before the load so that no other daemon's write
+        is missed: what it changes reaches this daemon's in-memory tables."""
+        from keymem_daemon.store.postgres.changes import ChangeFollower
+        from keymem_daemon.store.postgres.repository import PostgresRepository
+
+        url = self.settings.store_url
+        assert url is not None
+        store = PostgresRepository.open(url)
+        try:
+            cursor = store.change_cursor()
+        except BaseException:
+            store.close()
+            raise
+        graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
+                                 progress=self._re_embedding)
+        self._follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, batch))
+        self._follower.start()
+        return graph
+
+    @staticmethod
+    def _follow(graph: MemoryGraph, batch: list[Any]) -> None:
+        """Apply a batch of the change log (``store.postgres.changes.Change``) to the tables."""
+        # A link whose weight changed (recall reinforces the links it used) changes none of them.
+        memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
+        keys = [c.id for c in batch if c.kind in ("key", "alias")]
+        if memories or keys:
+            graph.follow_changes(memories, keys)
+
+    def stale(self) -> str | None:
+        """Why what this daemon serves may lag the shared store (None: it follows it)."""
+        follower = self._follower
+        if follower is None or follower.connected:
+            return None
+        return (f"possibly stale: the store at {self.settings.store_description} does not answer; reads come "
+                "from what this daemon holds and writes fail until it is back (it reconnects by itself)")
 
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
         """A start on a store without memories next to a backup with some says so loudly: the
@@ -222,6 +264,9 @@ class Service:
     def warnings(self) -> list[str]:
         """What is wrong with the store, or was repaired in it at start, for /health."""
         out = list(self._start_warnings)
+        stale = self.stale()
+        if stale is not None:
+            out.append(stale)
         graph = self.graph
         if graph is not None:
             out.extend(graph.repairs)
@@ -249,6 +294,9 @@ class Service:
         logger.info("re-embedding %s: %d/%d", kind, done, total)
 
     def close(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.stop()
         if self.reranker is not None:
             self.reranker.close()
         graph, self.graph = self.graph, None
@@ -383,7 +431,11 @@ class Service:
         if self.graph is not None:
             from keymem_daemon.engine.text import default_analyzer
 
-            loaded = {"counts": self.graph.stats(), "embedder": self.graph.embedder.fingerprint,
+            try:
+                counts: Stats | None = self.graph.stats()
+            except StoreError:
+                counts = None  # a shared store that does not answer: ``stale`` says so
+            loaded = {"counts": counts, "embedder": self.graph.embedder.fingerprint,
                       "korean_analyzer": "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)",
                       "learned_words": sorted(self.graph.analyzer.learned)}
         return DaemonStats(
@@ -391,7 +443,7 @@ class Service:
             self.settings.store_description, **loaded,
             embedder_note=self.embedder_note or None,
             reranker=self.reranker.status() if self.reranker is not None else None,
-            downloads=self.progress.as_dict() if self.progress is not None else None)
+            downloads=self.progress.as_dict() if self.progress is not None else None, stale=self.stale())
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         return transfer.export(self.ready_graph(), include_vectors=include_vectors)
@@ -460,6 +512,8 @@ class Service:
         graph = self.graph
         if graph is None or graph.store.check_files() is not None:
             return None  # a store deleted under the daemon is saved once, by watch_store
+        if self.settings.store_url is not None:
+            return None  # the PostgreSQL server keeps the data: its own backups (pg_dump) apply
         target = self.settings.backup_dir / f"keymem-{backups.stamp(self.clock())}.db"
         graph.store.backup_to(target)
         backups.rotate(self.settings.backup_dir, self.settings.backup_keep, _memories_held(graph))

@@ -9,15 +9,23 @@ there). Then, for each backend, ``--writes`` write units each storing one memory
 a link and its lexical-index row (what a remember writes, without the engine), and as many
 read units fetching one memory with its links; and, on PostgreSQL, the delay from a write's
 COMMIT through repository A to its arrival at a ChangeFollower (the other daemon), p50/p95.
-Baseline: the SQLite store's figures. Daemon-level figures (HTTP remember/recall, 2-4
-daemons, 100k memories, load time) wait for the daemon to serve from PostgreSQL (issue 22).
-Targets from the issue: remember p95 <= 30 ms; propagation p95 <= 1 s.
+Baseline: the SQLite store's figures.
+
+Then, over HTTP (``--memories`` seeded, ``--samples`` timed calls; 0 skips it): a SQLite
+daemon and two daemons A and B on one PostgreSQL database (``KEYMEM_STORE_URL``, separate
+data dirs), each seeded with the same memories (through A for the shared store): remember
+and recall p50/p95 through each, and the propagation delay -- from sending a remember to A
+until a recall through B returns that memory -- p50/p95. Not yet measured: 3-4 daemons,
+100k memories, daemon RSS, and a new daemon's load time from the server.
+Targets from the issue: remember p95 <= 30 ms; recall within 1.5x of SQLite; propagation
+p95 <= 1 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 import threading
@@ -31,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench_daemon import Daemon, call, memory, timed  # noqa: E402
 from measure import percentile  # noqa: E402
 from pg_cluster import find_bindir, start_cluster, stop_cluster, unprivileged_user  # noqa: E402
 
@@ -105,9 +114,77 @@ def _propagation(url: str, writes: int) -> dict[str, float]:
     return {"propagation_p50_ms": percentile(delays, 0.5), "propagation_p95_ms": percentile(delays, 0.95)}
 
 
+PROPAGATION_POLL = 0.005
+"""Seconds between recalls through B while waiting for A's memory (a recall takes ~10 ms)."""
+PROPAGATION_TIMEOUT = 30.0
+
+
+def _http_figures(daemon: Daemon, rng: random.Random, memories: int, samples: int, seed: bool) -> dict[str, float]:
+    with daemon.client() as client:
+        if seed:
+            for start in range(0, memories, 100):
+                items = [memory(rng, i) for i in range(start, min(memories, start + 100))]
+                if call(client, "remember_batch", {"items": items})["failed"]:
+                    raise RuntimeError(f"seeding failed at {start}")
+        counter = [memories + rng.randrange(10**9)]
+
+        def remember() -> None:
+            counter[0] += 1
+            call(client, "remember", memory(rng, counter[0]))
+
+        remember_ms = timed(remember, samples)
+        recall_ms = timed(lambda: call(client, "recall", {"query": rng.choice(["deploy", "cache", "Mina budget",
+                                                                              "release 2.4 helm charts"])}), samples)
+    return {"remember_p50_ms": percentile(remember_ms, 0.5), "remember_p95_ms": percentile(remember_ms, 0.95),
+            "recall_p50_ms": percentile(recall_ms, 0.5), "recall_p95_ms": percentile(recall_ms, 0.95)}
+
+
+def _http_propagation(a: Daemon, b: Daemon, rounds: int) -> dict[str, float]:
+    delays = []
+    with a.client() as to_a, b.client() as to_b:
+        for i in range(rounds):
+            marker = f"zq{i}x{random.randrange(10**6)}"
+            started = time.perf_counter()
+            saved = call(to_a, "remember", {"content": f"the propagation probe {marker} was saved through daemon a",
+                                            "keys": [f"probe {marker}"]})["saved"]
+            deadline = time.monotonic() + PROPAGATION_TIMEOUT
+            while saved not in json.dumps(call(to_b, "recall", {"query": f"propagation probe {marker}"})):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{saved} never reached daemon b")
+                time.sleep(PROPAGATION_POLL)
+            delays.append((time.perf_counter() - started) * 1000)
+    return {"http_propagation_p50_ms": percentile(delays, 0.5), "http_propagation_p95_ms": percentile(delays, 0.95)}
+
+
+def _over_http(url: str, memories: int, samples: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="keymem-bench-team-") as tmp:
+        sqlite, a, b = Daemon(Path(tmp) / "sqlite"), Daemon(Path(tmp) / "a"), Daemon(Path(tmp) / "b")
+        for daemon in (a, b):
+            daemon.env["KEYMEM_STORE_URL"] = url
+        started: list[Daemon] = []
+        try:
+            for daemon in (sqlite, a, b):
+                daemon.start()
+                started.append(daemon)
+            out: dict[str, Any] = {
+                "sqlite": _http_figures(sqlite, random.Random(7), memories, samples, seed=True),
+                "postgresql_a": _http_figures(a, random.Random(7), memories, samples, seed=True),
+                "postgresql_b": _http_figures(b, random.Random(8), memories, samples, seed=False),
+            }
+            out.update(_http_propagation(a, b, samples))
+        finally:
+            for daemon in started:
+                daemon.stop()
+    out["ratios"] = {f"{name}_{k}": round(out[name][k] / out["sqlite"][k], 2)
+                     for name in ("postgresql_a", "postgresql_b") for k in out["sqlite"] if out["sqlite"][k]}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writes", type=int, default=300)
+    parser.add_argument("--memories", type=int, default=2000, help="seeded before the HTTP figures (0: skip them)")
+    parser.add_argument("--samples", type=int, default=100, help="timed HTTP calls of each kind")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     bindir = find_bindir()
@@ -128,6 +205,8 @@ def main() -> None:
             repo.close()
         database = cluster.create_database()
         propagation = _propagation(cluster.url_for("keymem_owner", database), min(args.writes, 200))
+        http = _over_http(cluster.url_for("keymem_owner", cluster.create_database()), args.memories, args.samples) \
+            if args.memories else None
     finally:
         stop_cluster(cluster)
     result = {"writes": args.writes, "sqlite": sqlite, "postgresql": postgres, **propagation,
@@ -138,6 +217,16 @@ def main() -> None:
     print("ratios (postgresql / sqlite): " + ", ".join(f"{k} {v}" for k, v in result["ratios"].items()))
     print(f"propagation A -> B follower: p50 {propagation['propagation_p50_ms']:.1f} ms  "
           f"p95 {propagation['propagation_p95_ms']:.1f} ms (target p95 <= 1000 ms)")
+    if http is not None:
+        result["http"] = http
+        print(f"over HTTP, {args.memories} memories, {args.samples} calls each:")
+        for name in ("sqlite", "postgresql_a", "postgresql_b"):
+            f = http[name]
+            print(f"  {name:13} remember p50 {f['remember_p50_ms']:.1f} ms  p95 {f['remember_p95_ms']:.1f} ms   "
+                  f"recall p50 {f['recall_p50_ms']:.1f} ms  p95 {f['recall_p95_ms']:.1f} ms")
+        print("  ratios (postgresql / sqlite): " + ", ".join(f"{k} {v}" for k, v in http["ratios"].items()))
+        print(f"  propagation remember via A -> recalled via B: p50 {http['http_propagation_p50_ms']:.0f} ms  "
+              f"p95 {http['http_propagation_p95_ms']:.0f} ms (target p95 <= 1000 ms)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.indexes import Clock
+from keymem_daemon.engine.ports import Repository
 from keymem_daemon.engine.reads.recall import rank_key_members
 from keymem_daemon.engine.records import ReadKeyResult
 from keymem_daemon.engine.text import Analyzer
@@ -76,7 +77,7 @@ class MemoryGraph(Maintenance):
     @classmethod
     def over(
         cls,
-        store: Store,
+        store: Repository,
         embedder: Embedder,
         settings: Settings,
         *,

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import threading
 import time
 import unicodedata
 import uuid
@@ -138,6 +139,7 @@ class GraphIndexes:
         self.bodies = VectorTable(embedder.dim, quantized=True)
         self.counts = ActiveCounts()
         self.namespace_codes: dict[str, int] = {}
+        self._codes_lock = threading.Lock()
         # The loanwords the lexical index was cut with; the analyzer may know more.
         self.indexed_vocabulary: frozenset[str] = frozenset()
         self.buffer = RecallBuffer(clock)
@@ -156,7 +158,9 @@ class GraphIndexes:
     def namespace_code(self, namespace: str) -> int:
         code = self.namespace_codes.get(namespace)
         if code is None:
-            code = self.namespace_codes[namespace] = len(self.namespace_codes) + 1
+            # The writer's after-commit steps and a shared store's change follower both add codes.
+            with self._codes_lock:
+                code = self.namespace_codes.setdefault(namespace, len(self.namespace_codes) + 1)
         return code
 
     def reload_indexes(self) -> None:
@@ -215,6 +219,53 @@ class GraphIndexes:
         if bad_keys or bad_bodies:
             self._quarantine(bad_keys, bad_bodies, problems)
         logger.info("loaded %d keys and %d memory vectors in %.2f s", keys, bodies, time.perf_counter() - started)
+
+    def follow_changes(self, memory_ids: Iterable[str], key_ids: Iterable[str]) -> None:
+        """Bring the in-memory tables in step with writes another daemon committed to a shared
+        store (its change log names the memories and keys they touched): each named memory's
+        vector is served while it is current and dropped once it is superseded or deleted,
+        each named key (and every key of a named memory, whose link count changed) is read
+        again, and the member counts are counted again from the store. Idempotent, so a
+        change this daemon made itself, already applied after its commit, does no harm."""
+        dim = self.embedder.dim
+        memory_ids, key_ids = list(dict.fromkeys(memory_ids)), set(key_ids)
+
+        def read(reader: Reader) -> tuple[list[tuple[str, npt.NDArray[np.float32] | None, str]],
+                                          list[tuple[str, KeyInfo | None, bytes | None]], ActiveCounts]:
+            bodies: list[tuple[str, npt.NDArray[np.float32] | None, str]] = []
+            for memory_id in memory_ids:
+                try:
+                    blob, namespace = reader.memory_vector(memory_id)
+                except KeyError:
+                    bodies.append((memory_id, None, ""))
+                    continue
+                current = reader.is_current(memory_id) and blob is not None and vector_problem(blob, dim) is None
+                bodies.append((memory_id, vector_from(blob) if current and blob is not None else None, namespace))
+                key_ids.update(reader.key_ids_of(memory_id))
+            keys: list[tuple[str, KeyInfo | None, bytes | None]] = []
+            for key_id in sorted(key_ids):
+                blob = reader.key_vector(key_id)
+                keys.append((key_id, None if blob is None else reader.key_info(key_id), blob))
+            counts = ActiveCounts()
+            counts.add_counts(reader.unexpiring_counts())
+            for memory_id in reader.expiring_ids():
+                counts.apply(memory_id, None, reader.member_state(memory_id))
+            return bodies, keys, counts
+
+        bodies, keys, counts = self.store.read(read)
+        for memory_id, vector, namespace in bodies:
+            if vector is None:
+                self.bodies.remove(memory_id)
+            else:
+                self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
+        for key_id, info, blob in keys:
+            if info is None:
+                self.keys.remove(key_id)
+            elif blob is not None and vector_problem(blob, dim) is None:
+                self.keys.put(info, vector_from(blob))
+            else:
+                self.keys.put(info)
+        self.counts = counts
 
     def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
                     problems: set[str]) -> None:

@@ -232,6 +232,9 @@ class KeyReads(Protocol):
     def key_concepts(self) -> list[tuple[str, str]]:
         """``(id, concept)`` of every key."""
 
+    def key_vector(self, key_id: str) -> bytes | None:
+        """The stored vector of one key (None: no such key), for a daemon following another's writes."""
+
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         """``(rowid, id, concept)`` of the keys past ``rowid``, in order (re-embedding)."""
 

@@ -363,6 +363,10 @@ class InMemoryReader:
     def key_concepts(self) -> list[tuple[str, str]]:
         return [(k.row.id, k.row.concept) for k in self._tables.keys.values()]
 
+    def key_vector(self, key_id: str) -> bytes | None:
+        stored = self._tables.keys.get(key_id)
+        return None if stored is None else stored.row.vector
+
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         return [(k.rowid, k.row.id, k.row.concept) for k in self._tables.keys.values() if k.rowid > rowid]
 

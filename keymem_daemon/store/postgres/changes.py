@@ -77,6 +77,9 @@ class ChangeFollower:
 
     def __init__(self, url: str, cursor: int, on_changes: Callable[[list[Change]], None]) -> None:
         self.cursor = cursor
+        # Whether the follower holds a connection to the change log now: while it does not,
+        # what the daemon holds in memory may lag the server (status says "possibly stale").
+        self.connected = False
         self._url = url
         self._on_changes = on_changes
         self._stop = threading.Event()
@@ -97,6 +100,7 @@ class ChangeFollower:
                 with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     delay = RECONNECT_BACKOFF
+                    self.connected = True
                     while not self._stop.is_set():
                         self._catch_up(conn)
                         # Woken by a NOTIFY, or after WAKE_INTERVAL: a change whose transaction
@@ -104,6 +108,7 @@ class ChangeFollower:
                         for _ in conn.notifies(timeout=WAKE_INTERVAL, stop_after=1):
                             pass
             except psycopg.OperationalError as exc:
+                self.connected = False
                 logger.warning("lost the change log's connection (%s); reconnecting in %.1f s",
                                str(exc).strip(), delay)
                 self._stop.wait(delay)

@@ -67,6 +67,10 @@ class PgKeyRows:
     def key_concepts(self) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._rows("SELECT id, concept FROM keys")]
 
+    def key_vector(self, key_id: str) -> bytes | None:
+        rows = self._rows("SELECT vector FROM keys WHERE id = %s", (key_id,))
+        return None if not rows else bytes(rows[0][0])
+
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         return [(int(r[0]), r[1], r[2]) for r in self._rows(
             "SELECT rowid, id, concept FROM keys WHERE rowid > %s ORDER BY rowid", (rowid,))]

@@ -36,7 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from keymem_daemon.config import describe_store_url
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import Conflict, Refused, StoreError
-from keymem_daemon.store.postgres import schema
+from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.memories import PgMemoryRows
@@ -176,6 +176,21 @@ class PostgresRepository:
                 except Exception:
                     logger.exception("an after-commit step failed; the in-memory index may lag")
             return result
+
+    def change_cursor(self) -> int:
+        """Where a daemon that loads its tables now starts following the change log: every
+        transaction below it has finished, so it is in what the load reads (a change read
+        twice is applied twice, which the engine's update takes in its stride)."""
+        try:
+            with self._pool.connection() as conn:
+                cursor = changes.horizon(conn)
+                conn.commit()
+                return cursor
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
+
+    def analyze(self) -> None:
+        """Nothing to do: the server's autovacuum keeps the planner's statistics."""
 
     # -- the Repository protocol's file-store operations ---------------------------------
 

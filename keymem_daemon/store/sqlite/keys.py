@@ -64,6 +64,10 @@ class KeyRows:
     def key_concepts(self) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._conn.execute("SELECT id, concept FROM keys").fetchall()]
 
+    def key_vector(self, key_id: str) -> bytes | None:
+        row = self._conn.execute("SELECT vector FROM keys WHERE id = ?", (key_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         return [(r[0], r[1], r[2]) for r in self._conn.execute(
             "SELECT rowid, id, concept FROM keys WHERE rowid > ? ORDER BY rowid", (rowid,)).fetchall()]
