@@ -553,6 +553,9 @@ class Repository(Protocol):
 
     found: Literal["store", "missing", "empty"]
     lost: str | None
+    shared: bool
+    """Whether other daemons write to this store too (PostgreSQL): then what the in-memory
+    tables say is not the last word, and a write asks the store before it creates a key."""
 
     def read(self, fn: Callable[[Reader], T]) -> T: ...
 

@@ -942,6 +942,7 @@ class InMemoryRepository:
     lost: str | None
 
     def __init__(self) -> None:
+        self.shared = False  # one engine writes to it, as to a SQLite file
         self.found = "missing"  # a new, empty store, as SQLite reports a file it created
         self.lost = None
         self._tables = Tables()

@@ -403,14 +403,16 @@ class Remembering(Browsing):
                 touched.add(key_id)
             else:
                 match = self.keys.resolve(key, kind, vectors[key], self.profile, pending, near[key])
-                # The store is asked too: on a shared store another daemon may have made this key
-                # since this one's index was last in step (and the read makes a concurrent
-                # creation of it conflict, so one of the two runs again and finds it).
-                stored = writer.key_named(candidate := new_id(), normalize(key)) if match.key_id is None else None
+                # A shared store is asked too: another daemon may have made this key since this
+                # one's index was last in step (and the read makes a concurrent creation of it
+                # conflict, so one of the two runs again and finds it). A store this daemon alone
+                # writes holds no key its index does not know.
+                stored = (writer.key_named(new_id(), normalize(key))
+                          if match.key_id is None and self.store.shared else None)
                 if stored is not None:
                     key_id = stored
                 elif match.key_id is None:
-                    key_id = candidate
+                    key_id = new_id()
                     writer.insert_key(KeyRow(
                         id=key_id, concept=key, norm=normalize(key), compact=self.analyzer.compact(key),
                         key_type=kind, vector=vector_bytes(vectors[key]), created_at=self.clock()))

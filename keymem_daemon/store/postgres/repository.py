@@ -92,6 +92,7 @@ class PostgresRepository:
     def __init__(self, url: str, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         self.where = describe_store_url(url)
         self.found: Literal["store", "missing", "empty"] = "store"
+        self.shared = True  # every daemon of the team writes here
         self.lost: str | None = None
         self._pool = pool
 

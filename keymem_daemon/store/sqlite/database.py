@@ -223,6 +223,8 @@ class Store:
         self.backup_dir = backup_dir
         # Whether open() found no database at the path (missing, or a zero-length file).
         self.found: Literal["store", "missing", "empty"] = "store"
+        # One daemon is the only writer (daemon.lock): its in-memory tables are the whole truth.
+        self.shared = False
         # Why writes are refused, once the opened file is no longer the one at the path.
         self.lost: str | None = None
         self._identity: dict[str, tuple[int, int]] = {}
