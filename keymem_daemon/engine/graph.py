@@ -54,11 +54,6 @@ def _open_sqlite(path: Path, settings: Settings) -> Store:
 class MemoryGraph(Maintenance):
     """The engine. Thread-safe: writes go through the store's writer, reads are snapshots."""
 
-    # Transitional: seen from outside the engine the store is the SQLite one, while modules
-    # there still hand ``store.read`` callbacks typed ``sqlite3.Connection``; the engine's own
-    # modules see it as ``ports.Repository`` (``GraphIndexes.store``).
-    store: Store
-
     @classmethod
     def open(
         cls,

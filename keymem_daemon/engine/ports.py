@@ -569,4 +569,7 @@ class Repository(Protocol):
 
     def integrity_check(self) -> str: ...
 
+    def analyze(self) -> None:
+        """Refresh what the store's query planner knows of its tables (after a bulk load)."""
+
     def close(self) -> None: ...

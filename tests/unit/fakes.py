@@ -992,6 +992,9 @@ class InMemoryRepository:
         dangling += [("alias", *pair) for pair in [*t.aliases, *t.candidates] if pair[0] not in t.keys]
         return "ok" if not dangling else f"rows referring to nothing: {sorted(dangling)}"
 
+    def analyze(self) -> None:
+        """Nothing to do: dicts have no query planner."""
+
     def close(self) -> None:
         self._closed = True
 
