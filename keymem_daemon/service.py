@@ -29,6 +29,7 @@ from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError
 from keymem_daemon.mcp import instructions, tools
+from keymem_daemon.store import opening
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +188,8 @@ class Service:
             if self.settings.store_url is not None:
                 graph = self._open_team_store(CachedEmbedder(embedder), reranker)
             else:
-                graph = MemoryGraph.open(
-                    self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
+                graph = MemoryGraph.over(
+                    opening.open_sqlite(self.settings), CachedEmbedder(embedder), self.settings, clock=self.clock,
                     reranker=reranker, progress=self._re_embedding)
                 self._compare_with_backups(graph)
             if graph.has_hangul_content():
@@ -210,11 +211,10 @@ class Service:
         date), following its change log from before the load so that no other daemon's write
         is missed: what it changes reaches this daemon's in-memory tables."""
         from keymem_daemon.store.postgres.changes import ChangeFollower
-        from keymem_daemon.store.postgres.repository import PostgresRepository
 
         url = self.settings.store_url
         assert url is not None
-        store = PostgresRepository.open(url)
+        store = opening.open_postgres(url)
         try:
             cursor = store.change_cursor()
         except BaseException:

@@ -29,6 +29,7 @@ from keymem_daemon.engine.reads.recall import rank_key_members, recall
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 from keymem_daemon.inference.reranker import OnnxReranker, RerankerManager
+from keymem_daemon.store.opening import open_sqlite
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,7 +131,8 @@ def open_with(tmp_path: Path, embedder: Embedder, weights_dir: Path) -> Iterator
             manager = RerankerManager(settings)
             manager.start()
             wait_for(lambda: manager.state == "ready", 20, message="the reranker to load")
-        graph = MemoryGraph.open(tmp_path / f"keymem{len(opened)}.db", embedder, settings, reranker=manager)
+        store = open_sqlite(settings, tmp_path / f"keymem{len(opened)}.db")
+        graph = MemoryGraph.over(store, embedder, settings, reranker=manager)
         opened.append((graph, manager))
         for content in ("We bake cherry pie for the team lunch.", "Banana bread is the weekend dessert.",
                         "The office fruit bowl gets apple deliveries on Monday.",
