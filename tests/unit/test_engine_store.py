@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from daemon_helpers import scaled
 from engine_helpers import FakeClock, db_read, db_write, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
@@ -331,7 +332,7 @@ def test_closing_the_graph_closes_every_connection_it_opened(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=scaled(10))
     assert open_fds_to(path)
     g.close()
     assert open_fds_to(path) == []

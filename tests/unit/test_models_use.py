@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from daemon_helpers import scaled
 
 from keymem_daemon.config import Settings
 from keymem_daemon.inference.embedders import PieceTableFile, UseEmbedder, load_embedder
@@ -97,7 +98,7 @@ def mimalloc_options(env: dict[str, str]) -> str:
     """What Kiwi's allocator reports as its options, after allocators.configure() ran."""
     code = "from keymem_daemon import allocators; allocators.configure(); import kiwipiepy"
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "MIMALLOC_VERBOSE": "1"},
-                          capture_output=True, text=True, timeout=60, check=True)
+                          capture_output=True, text=True, timeout=scaled(60), check=True)
     return proc.stderr
 
 
