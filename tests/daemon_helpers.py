@@ -15,11 +15,15 @@ Every failure message carries the daemon's log.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ import pytest
 
 from keymem_daemon import runtime
 from keymem_daemon.errors import DaemonNotRunning
+from keymem_daemon.inference.embedders import CHECK_SUFFIX
 
 T = TypeVar("T")
 
@@ -234,6 +239,54 @@ class DaemonProcess:
         self._clients.clear()
 
 
+PIECE_TABLE_GLOB: Final = "use-multilingual-v3-*.table"
+"""The default embedder's 65 MB piece table, which a daemon keeps under ``<data>/models``."""
+
+
+@functools.cache
+def _shared_tables() -> Path:
+    """Where the session keeps the piece table the test daemons share (removed at exit)."""
+    shared = Path(tempfile.mkdtemp(prefix="keymem-test-tables-"))
+    atexit.register(shutil.rmtree, shared, ignore_errors=True)
+    return shared
+
+
+def seed_piece_table(data_dir: Path) -> None:
+    """Give a test daemon's data dir the session's piece table before it starts, as a hard
+    link with a copy of its check record: the daemon then finds it checked and reads none
+    of it, instead of writing 65 MB per test (a daemon replaces the file, never writes into
+    it, so the shared one cannot be changed through a link)."""
+    for table in _shared_tables().glob(PIECE_TABLE_GLOB):
+        target = data_dir / "models" / table.name
+        if target.exists():
+            continue
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target.parent.mkdir(exist_ok=True)
+        try:
+            os.link(table, target)
+        except OSError:
+            return  # another file system: the daemon writes its own, as without the share
+        record = table.with_name(table.name + CHECK_SUFFIX)
+        if record.exists():
+            shutil.copyfile(record, target.with_name(record.name))
+
+
+def share_piece_table(data_dir: Path) -> None:
+    """After a daemon became ready on ``data_dir``: its piece table becomes the session's if
+    there is none yet, and its check record (the newest, so the most likely to be trusted)
+    becomes the shared one's if both are the same file."""
+    for table in (data_dir / "models").glob(PIECE_TABLE_GLOB):
+        shared = _shared_tables() / table.name
+        if not shared.exists():
+            try:
+                os.link(table, shared)
+            except OSError:
+                return  # another file system: each daemon keeps writing its own
+        record = table.with_name(table.name + CHECK_SUFFIX)
+        if record.exists() and os.path.samefile(table, shared):
+            shutil.copyfile(record, shared.with_name(record.name))
+
+
 class DaemonFactory:
     """Starts daemons on one data directory (restarts reuse it) and cleans up after them."""
 
@@ -248,6 +301,7 @@ class DaemonFactory:
     def spawn(self, **extra_env: str) -> tuple[subprocess.Popen[bytes], Path]:
         output = self.tmp_path / f"daemon-{len(self.started)}-{time.monotonic_ns()}.out"
         env = self.env(**extra_env)
+        seed_piece_table(self.data_dir)
         with open(output, "wb") as sink:
             process = subprocess.Popen(
                 [sys.executable, "-m", "keymem_daemon", "run"],
@@ -285,6 +339,7 @@ class DaemonFactory:
                 log += "\n--- daemon.log ---\n" + daemon_log.read_text(errors="replace")[-6000:]
             pytest.fail(f"daemon did not become ready: {exc}\n{log}")
         assert info.pid == process.pid, "daemon.json names another process"
+        share_piece_table(self.data_dir)
         daemon = DaemonProcess(process, info, self.data_dir, env, output)
         self.started.append(daemon)
         return daemon
