@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess, scaled
+from daemon_helpers import DaemonProcess, scaled, shared_daemon
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -16,11 +16,13 @@ MAX_BODY = 65536
 REMEMBER = {"arguments": {"content": "Refused requests must not store this", "keys": ["security", "test"]}}
 
 
-@pytest.fixture
-def guarded(daemons: DaemonFactory) -> DaemonProcess:
-    daemon = daemons.start(KEYMEM_MAX_BODY_BYTES=str(MAX_BODY))
-    daemon.remember("The store holds this one memory before the attack", ["baseline", "memory"])
-    return daemon
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon for the module: each test compares the store with itself before and after,
+    so none depends on what another did."""
+    with shared_daemon(tmp_path_factory.mktemp("guarded"), KEYMEM_MAX_BODY_BYTES=str(MAX_BODY)) as daemon:
+        daemon.remember("The store holds this one memory before the attack", ["baseline", "memory"])
+        yield daemon
 
 
 def _state(daemon: DaemonProcess) -> dict[str, Any]:
