@@ -29,9 +29,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's pytest-timeout deadline (its ``timeout`` mark, else the ini's) is a quiet
-    machine's figure, like every deadline in the tests: stretch it by ``scaled``."""
-    default = float(config.getini("timeout") or 0)
+    """Each test's pytest-timeout deadline (its ``timeout`` mark, else ``--timeout`` or the
+    ini's) is a quiet machine's figure, like every deadline in the tests: stretch it by
+    ``scaled``."""
+    default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
         seconds = float(marker.args[0]) if marker is not None and marker.args else default
