@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from keymem_daemon import activity_log, backups, transcripts
-from keymem_daemon.config import Settings
+from keymem_daemon import activity_log, backups, federation, transcripts
+from keymem_daemon.config import Settings, describe_store_url
 from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads import hybrid, query
@@ -82,6 +82,9 @@ class DaemonStats:
     downloads: dict[str, Any] | None = None
     stale: str | None = None
     """Why the counts and what recall serves may lag a shared store that does not answer."""
+    stores: list[federation.StoreStats] | None = None
+    """Each store's own counts, when personal and team namespaces live apart (``counts`` is
+    their sum)."""
 
     def as_dict(self) -> dict[str, Any]:
         """One flat JSON object: the store's counts beside the daemon's own fields, and no
@@ -91,7 +94,7 @@ class DaemonStats:
         if self.counts is not None:
             out.update(render(self.counts))
         for name in ("embedder", "korean_analyzer", "learned_words", "embedder_note", "reranker", "downloads",
-                     "stale"):
+                     "stale", "stores"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = render(value)
@@ -147,6 +150,8 @@ class Service:
         self.detail: str | None = None
         self.started_at = clock()
         self.graph: MemoryGraph | None = None
+        # Personal namespaces in SQLite (``graph``), team ones in PostgreSQL (KEYMEM_TEAM_NAMESPACES).
+        self.federation: federation.Federation | None = None
         self.embedder_note: str | None = None
         self.reranker: Any = None
         self.progress: Any = None
@@ -184,17 +189,27 @@ class Service:
             # auto/true: use the cached model, or fetch it in the background (never blocking).
             self.reranker.start()
             reranker = self.reranker if self.settings.rerank != "false" else None
-            if self.settings.store_url is not None:
-                graph = self._open_team_store(CachedEmbedder(embedder), reranker)
+            cached = CachedEmbedder(embedder)
+            if self.settings.store_url is not None and not self.settings.federated:
+                graph = self._open_team_store(cached, reranker)
             else:
                 graph = MemoryGraph.open(
-                    self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
+                    self.settings.db_path, cached, self.settings, clock=self.clock,
                     reranker=reranker, progress=self._re_embedding)
                 self._compare_with_backups(graph)
-            if graph.has_hangul_content():
+                if self.settings.federated:
+                    try:
+                        self.federation = federation.Federation(graph, self._open_team_store(cached, reranker),
+                                                                self.settings)
+                    except BaseException:
+                        graph.close()
+                        raise
+            graphs = self.federation.graphs if self.federation is not None else (graph,)
+            if any(g.has_hangul_content() for g in graphs):
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
-            hybrid.hybrid_recall(graph, "warm up", reinforce=False)
+            for each in graphs:
+                hybrid.hybrid_recall(each, "warm up", reinforce=False)
             self.activity = activity_log.ActivityLog(graph.store, self.settings.activity_log, clock=self.clock)
             self.graph = graph
             self.detail = None
@@ -300,9 +315,12 @@ class Service:
         if self.reranker is not None:
             self.reranker.close()
         graph, self.graph = self.graph, None
+        federated, self.federation = self.federation, None
         log, self.activity = self.activity, None
         if log is not None:
             log.close()
+        if federated is not None:
+            federated.close()
         if graph is not None:
             graph.close()
 
@@ -348,14 +366,18 @@ class Service:
         idempotency = IdempotencyKey.of_call(idempotency_key, name, arguments) \
             if idempotency_key and name in tools.WRITE_TOOLS else None
         graph = self.ready_graph()
-        ctx = tools.Context(graph, self.settings, host, idempotency)
+        federated = self.federation
         logged = self.activity is not None and self.activity.enabled and name in activity_log.LOGGED_TOOLS
         args = arguments if isinstance(arguments, Mapping) else {}
         forgotten = None
         if logged and name == "forget" and isinstance(args.get("memory_id"), str):
-            memory = graph.store.read(lambda reader: reader.memory(args["memory_id"]))
+            owner = federated.for_memory(args["memory_id"]) if federated is not None else graph
+            memory = owner.store.read(lambda reader: reader.memory(args["memory_id"]))
             forgotten = memory.content if memory is not None else None
-        outcome = tools.call_tool(ctx, name, arguments)
+        if federated is not None:
+            outcome = federated.call_tool(name, arguments, host, idempotency)
+        else:
+            outcome = tools.call_tool(tools.Context(graph, self.settings, host, idempotency), name, arguments)
         if logged and not outcome.is_error and self.activity is not None:
             entry = activity_log.describe_tool_call(name, args, outcome.result, forgotten=forgotten,
                                                     actor=actor or host.agent or "agent")
@@ -366,7 +388,7 @@ class Service:
     def stats_line(self) -> str:
         if self.graph is None:
             return "still loading"
-        return self.graph.stats().summary()
+        return (self.federation.stats() if self.federation is not None else self.graph.stats()).summary()
 
     def instructions(self, *, hook_installed: bool | None = None) -> str:
         """``hook_installed``: what the calling host says (None: the daemon's setting)."""
@@ -415,8 +437,13 @@ class Service:
             project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
         session = self.sessions.view(request.session_id) if request.session_id else None
-        result = push.inject(graph, request.prompt, scope=scope, top_k=limits.INJECT_TOP_K.clamp(request.top_k),
-                             max_chars=limits.INJECT_MAX_CHARS.clamp(max_chars), project=project, session=session)
+        top_k, max_chars = limits.INJECT_TOP_K.clamp(request.top_k), limits.INJECT_MAX_CHARS.clamp(max_chars)
+        if self.federation is not None:
+            result = self.federation.inject(request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
+                                            project=project, session=session)
+        else:
+            result = push.inject(graph, request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
+                                 project=project, session=session)
         if request.session_id and result.skipped is None:
             self.sessions.record(request.session_id, [m.id for m in result.memories])
         if self.activity is not None and self.activity.enabled:
@@ -431,11 +458,12 @@ class Service:
         if self.graph is not None:
             from keymem_daemon.engine.text import default_analyzer
 
-            try:
-                counts: Stats | None = self.graph.stats()
-            except StoreError:
-                counts = None  # a shared store that does not answer: ``stale`` says so
-            loaded = {"counts": counts, "embedder": self.graph.embedder.fingerprint,
+            stores = self._store_stats()
+            counts = stores[0].counts if len(stores) == 1 else None
+            if len(stores) > 1 and all(s.counts is not None for s in stores):
+                counts = federation.sum_stats([s.counts for s in stores if s.counts is not None])
+            loaded = {"counts": counts, "stores": stores if len(stores) > 1 else None,
+                      "embedder": self.graph.embedder.fingerprint,
                       "korean_analyzer": "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)",
                       "learned_words": sorted(self.graph.analyzer.learned)}
         return DaemonStats(
@@ -444,6 +472,22 @@ class Service:
             embedder_note=self.embedder_note or None,
             reranker=self.reranker.status() if self.reranker is not None else None,
             downloads=self.progress.as_dict() if self.progress is not None else None, stale=self.stale())
+
+    def _store_stats(self) -> list[federation.StoreStats]:
+        """Each store's counts (None for a shared store that does not answer: ``stale`` says so)."""
+        assert self.graph is not None
+        named = [(self.settings.store_description, self.graph)]
+        if self.federation is not None and self.settings.store_url is not None:
+            named = [(f"sqlite {self.settings.db_path}", self.federation.local),
+                     (describe_store_url(self.settings.store_url), self.federation.team)]
+        out = []
+        for where, graph in named:
+            try:
+                counts: Stats | None = graph.stats()
+            except StoreError:
+                counts = None
+            out.append(federation.StoreStats(where, counts))
+        return out
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         return transfer.export(self.ready_graph(), include_vectors=include_vectors)
@@ -497,7 +541,9 @@ class Service:
             yield line
 
     def cleanup(self) -> dict[str, Any]:
-        result: dict[str, Any] = render(self.ready_graph().cleanup_expired())
+        graph = self.ready_graph()
+        result: dict[str, Any] = render(self.federation.cleanup_expired() if self.federation is not None
+                                        else graph.cleanup_expired())
         if self.activity is not None:
             result["pruned_activity"] = self.activity.prune()
         self.ready_graph().store.analyze()
@@ -512,7 +558,7 @@ class Service:
         graph = self.graph
         if graph is None or graph.store.check_files() is not None:
             return None  # a store deleted under the daemon is saved once, by watch_store
-        if self.settings.store_url is not None:
+        if self.settings.store_url is not None and self.federation is None:
             return None  # the PostgreSQL server keeps the data: its own backups (pg_dump) apply
         target = self.settings.backup_dir / f"keymem-{backups.stamp(self.clock())}.db"
         graph.store.backup_to(target)
