@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +169,11 @@ def describe_store_url(url: str) -> str:
     return f"postgresql {host}:{port}/{unquote(database)} as {role}"
 
 
+_TEAM_NAMESPACE: Final = re.compile(r"[\w .:/@-]*")
+"""What a namespace named in KEYMEM_TEAM_NAMESPACES may hold: a quote or a ! left over from
+the shell would map a namespace nobody writes to, silently."""
+
+
 def parse_team_namespaces(name: str, raw: str) -> tuple[str, ...]:
     """Comma-separated namespace names, each optionally ending in ``*`` (a prefix): the
     namespaces that live in the PostgreSQL store while every other stays in the local SQLite
@@ -181,6 +187,9 @@ def parse_team_namespaces(name: str, raw: str) -> tuple[str, ...]:
                               "separated by commas)")
         if "*" in entry[:-1]:
             raise ConfigError(f"{name}={raw!r}: {entry!r} may hold '*' only at its end (a prefix such as team-*)")
+        if not _TEAM_NAMESPACE.fullmatch(entry.removesuffix("*")):
+            raise ConfigError(f"{name}={raw!r}: {entry!r} is not a namespace name (letters, digits, spaces and "
+                              "- _ . : / @, with an optional * at the end)")
         if entry == "*":
             raise ConfigError(f"{name}={raw!r}: '*' maps every namespace to PostgreSQL; unset {name} for that "
                               "(KEYMEM_STORE_URL alone puts the whole store there)")
@@ -378,7 +387,7 @@ class Settings:
     host_cwd: str | None = None
     # Holds the password when the URL carries one: out of repr, so a logged Settings shows none.
     store_url: str | None = field(default=None, repr=False)
-    team_namespaces: tuple[str, ...] = ()
+    team_namespaces: tuple[str, ...] | None = None
     # Host transcript roots (CLAUDE_CONFIG_DIR / CODEX_HOME); not KEYMEM_ variables.
     claude_dir: Path = field(default_factory=lambda: Path("~/.claude").expanduser())
     codex_dir: Path = field(default_factory=lambda: Path("~/.codex").expanduser())
@@ -422,7 +431,7 @@ class Settings:
             return f"sqlite {self.db_path}"
         if self.federated:
             return (f"sqlite {self.db_path}, and {describe_store_url(self.store_url)} for the namespaces "
-                    f"{', '.join(self.team_namespaces)}")
+                    f"{', '.join(self.team_namespaces or ())}")
         return describe_store_url(self.store_url)
 
     @property

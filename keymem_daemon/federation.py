@@ -105,7 +105,7 @@ class Federation:
         self.local = local
         self.team = team
         self.settings = settings
-        self.router = NamespaceRouter(settings.team_namespaces)
+        self.router = NamespaceRouter(settings.team_namespaces or ())
 
     @property
     def graphs(self) -> tuple[MemoryGraph, MemoryGraph]:
