@@ -664,7 +664,7 @@ def restore(state: CliState, backup: Path | None, no_start: bool, as_json: bool)
     from keymem_daemon import backups
 
     settings = state.settings()
-    if settings.store_url is not None:
+    if settings.store_url is not None and not settings.federated:  # federated: the local half is SQLite's
         raise click.ClickException(f"KEYMEM_STORE_URL is set: the store is {settings.store_description}, whose "
                                    "server keeps and backs up the data (pg_dump / pg_restore); keymemd restore puts "
                                    "back SQLite backups only")

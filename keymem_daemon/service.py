@@ -490,7 +490,14 @@ class Service:
         return out
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
-        return transfer.export(self.ready_graph(), include_vectors=include_vectors)
+        """The store's export; with team namespaces apart, the local store's (as importable as
+        ever), the team store's under ``team``, each naming its store."""
+        out = transfer.export(self.ready_graph(), include_vectors=include_vectors)
+        if self.federation is not None and self.settings.store_url is not None:
+            out["store"] = f"sqlite {self.settings.db_path}"
+            out["team"] = {"store": describe_store_url(self.settings.store_url),
+                           **transfer.export(self.federation.team, include_vectors=include_vectors)}
+        return out
 
     def import_(self, data: Any, *, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
         if not isinstance(data, dict):

@@ -10,7 +10,7 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,6 +26,7 @@ HOOK_RUN_TIMEOUT: Final = 120.0
 HOOK_BUDGET_MS: Final = "60000"
 """The hook's own budget, generous: the daemon answers in tens of ms, a loaded CI box is slower."""
 TEAM: Final = "team-*,deploy-rules"
+Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 PERSONAL = "my own checkout of zebrafish-gateway builds with make zebrafish-dev and the vim keymap"
 PROJECT = "the zebrafish-gateway service deploys only after zebra-canary-check passes on the canary"
@@ -74,7 +75,7 @@ def _hits(daemon: DaemonProcess, query: str, **extra: Any) -> list[str]:
 
 
 def test_personal_memories_stay_in_sqlite_and_team_ones_are_shared_through_postgresql(
-        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str, cli: Cli) -> None:
     alice = _start(factories, tmp_path, "alice", pg_database)
     bob = _start(factories, tmp_path, "bob", pg_database)
     personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
@@ -126,6 +127,16 @@ def test_personal_memories_stay_in_sqlite_and_team_ones_are_shared_through_postg
     # Active memories: the corrected one's new version and the dotfiles; the team's three.
     assert (local["memories"], local["superseded"], team["memories"], stats["memories"]) == (2, 1, 3, 5), stats
     assert "team-*" in stats["store"]
+    status = cli("status", env=alice.env)
+    assert status.returncode == 0, status.stderr
+    assert f"sqlite {alice.data_dir / 'keymem.db'}: 2 memories" in status.stdout, status.stdout
+    assert "postgresql 127.0.0.1:" in status.stdout and ": 3 memories" in status.stdout, status.stdout
+    # The export says per store: the local one's (importable as ever), the team one's inside.
+    exported = alice.export()
+    assert exported["store"].startswith("sqlite ") and exported["team"]["store"].startswith("postgresql ")
+    local_ids = {m["id"] for m in exported["memories"]}
+    assert personal in local_ids and project not in local_ids
+    assert {project, rules} <= {m["id"] for m in exported["team"]["memories"]}
 
 
 def test_the_push_path_and_the_hook_surface_memories_from_both_stores(
