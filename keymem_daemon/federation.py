@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import limits
@@ -50,7 +51,12 @@ from keymem_daemon.engine.records import (
 from keymem_daemon.engine.text import normalize, normalize_namespace
 from keymem_daemon.engine.validate import namespace_arg
 from keymem_daemon.engine.writes.remember import Host
+from keymem_daemon.errors import StoreError
 from keymem_daemon.mcp import tools
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Route = Literal["memory", "key", "write", "batch", "spread", "local"]
 
@@ -101,9 +107,14 @@ class StoreStats:
 class Federation:
     """The local and the team engine behind one daemon, and the routing between them."""
 
-    def __init__(self, local: MemoryGraph, team: MemoryGraph, settings: Settings) -> None:
+    def __init__(self, local: MemoryGraph, team: MemoryGraph, settings: Settings, *,
+                 team_answers: Callable[[], bool] = lambda: True) -> None:
+        """``team_answers`` says whether the team store is reachable as far as the daemon
+        knows (its change follower is connected): reads over every namespace do not wait on
+        one that is known to be down."""
         self.local = local
         self.team = team
+        self.team_answers = team_answers
         self.settings = settings
         self.router = NamespaceRouter(settings.team_namespaces or ())
 
@@ -114,6 +125,19 @@ class Federation:
     def close(self) -> None:
         """Close the team engine (the service closes the local one, its primary graph)."""
         self.team.close()
+
+    def each(self, fn: Callable[[MemoryGraph], T]) -> list[T]:
+        """``fn`` over both stores, the local one first, for a read over every namespace; a
+        team store that does not answer leaves the local store's answer alone (the daemon's
+        ``stale`` warning says why), a local one that fails fails the read."""
+        out = [fn(self.local)]
+        if not self.team_answers():
+            return out
+        try:
+            out.append(fn(self.team))
+        except StoreError as exc:
+            logger.warning("answering from the local store only: %s", exc.message)
+        return out
 
     # -- finding the store ------------------------------------------------------------------
 
@@ -177,7 +201,7 @@ class Federation:
         if tool.name == "list_memories":
             return self._list(args)
         merge = _MERGES[tool.name]
-        return merge([on(graph, args) for graph in self.graphs], args)
+        return merge(self.each(lambda graph: on(graph, args)), args)
 
     def _batch(self, tool: tools.Tool, arguments: Mapping[str, Any], args: tools.Args,
                on: Callable[[MemoryGraph, tools.Args], Any]) -> Any:
@@ -210,7 +234,7 @@ class Federation:
     def _browse(self, args: tools.Args) -> BrowseResult:
         """Both stores' key pages up to the one asked for, merged in browse order."""
         limit, offset, hubs = args.integer("limit"), args.integer("offset"), args.boolean("hubs_only")
-        pages = [g.browse_keys(None, hubs_only=hubs, limit=offset + limit, offset=0) for g in self.graphs]
+        pages = self.each(lambda g: g.browse_keys(None, hubs_only=hubs, limit=offset + limit, offset=0))
         keys = sorted(itertools.chain.from_iterable(p.keys for p in pages),
                       key=lambda k: (not k.is_hub, -k.memory_count, normalize(k.concept)))
         total = sum(p.key_count for p in pages)
@@ -222,7 +246,7 @@ class Federation:
     def _list(self, args: tools.Args) -> ListResult:
         """Both stores' active memories up to the page asked for, oldest first."""
         limit, offset = args.integer("limit"), args.integer("offset")
-        pages = [g.list_memories(None, limit=offset + limit, offset=0) for g in self.graphs]
+        pages = self.each(lambda g: g.list_memories(None, limit=offset + limit, offset=0))
         memories = sorted(itertools.chain.from_iterable(p.memories for p in pages), key=lambda m: m.created_at)
         total = sum(p.total for p in pages)
         return ListResult(memories=memories[offset:offset + limit], total=total,
@@ -235,10 +259,18 @@ class Federation:
         """``engine.reads.inject.inject`` over the stores ``scope`` reaches, merged: the
         surfaced memories by probability (each store judges its own against its own
         background), at most ``top_k``, rendered once within ``max_chars``."""
-        local_scope, team_scope = self.router.split(scope)
-        results = [push.inject(graph, prompt, scope=part, top_k=top_k, max_chars=max_chars, project=project,
+        parts = dict(zip(("local", "team"), self.router.split(scope), strict=True))
+
+        def one(graph: MemoryGraph) -> push.InjectResult | None:
+            part = parts["local" if graph is self.local else "team"]
+            if part is not None and not part:
+                return None  # the cwd maps to no namespace of this store
+            return push.inject(graph, prompt, scope=part, top_k=top_k, max_chars=max_chars, project=project,
                                session=session)
-                   for graph, part in ((self.local, local_scope), (self.team, team_scope)) if part is None or part]
+
+        results = [r for r in self.each(one) if r is not None]
+        if not results:  # neither store answers for these namespaces (the team one is down)
+            return push.InjectResult(None, [], [], 0.0)
         if len(results) == 1 or results[0].skipped is not None:
             return results[0]
         picked = sorted(itertools.chain.from_iterable(r.memories for r in results),
@@ -250,10 +282,10 @@ class Federation:
                                  held_back=[m for r in results for m in r.held_back])
 
     def stats(self) -> Stats:
-        return sum_stats([g.stats() for g in self.graphs])
+        return sum_stats(self.each(lambda g: g.stats()))
 
     def cleanup_expired(self) -> CleanupResult:
-        return _sum_cleanups([g.cleanup_expired() for g in self.graphs])
+        return _sum_cleanups(self.each(lambda g: g.cleanup_expired()))
 
 
 def _merge_recall(results: list[RecallResult], args: tools.Args) -> RecallResult:

@@ -17,6 +17,7 @@ from typing import Any, Final
 import psycopg
 import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from pg_cluster import PgCluster
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 HOOK: Final = ROOT / "hooks" / "keymem_hook.py"
@@ -167,6 +168,32 @@ def test_the_push_path_and_the_hook_surface_memories_from_both_stores(
     # A cwd mapped to no team namespace surfaces the personal store only.
     elsewhere = alice.client().post("/v1/inject", json={"prompt": prompt, "namespace": "default"}).json()
     assert [m["id"] for m in elsewhere["memories"]] == [personal], elsewhere
+
+
+def test_with_the_server_down_the_personal_half_still_answers_and_team_writes_fail_clearly(
+        factories: list[DaemonFactory], tmp_path: Path, own_pg_cluster: PgCluster) -> None:
+    alice = _start(factories, tmp_path, "alice", own_pg_cluster.url)
+    personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
+    alice.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check"], namespace="team-payments")
+    own_pg_cluster.stop_server()
+    client = alice.client()
+    wait_for(lambda: "stale" in client.get("/v1/stats").json(), PROPAGATION_TIMEOUT,
+             message="the daemon to notice the server is gone")
+    # Reads over every namespace answer from the local store, at once.
+    assert personal in _hits(alice, "zebrafish-gateway make zebrafish-dev vim keymap")
+    recalled = alice.call("recall", {"query": "zebrafish-gateway make zebrafish-dev"})["result"]
+    assert recalled["status"] == "found" and recalled["memories"][0]["id"] == personal, recalled
+    prompt = "build zebrafish-gateway with make zebrafish-dev and the vim keymap"
+    surfaced = client.post("/v1/inject", json={"prompt": prompt, "top_k": 2}).json()
+    assert [m["id"] for m in surfaced["memories"]] == [personal], surfaced
+    # A personal write works; a team write fails naming the server, and nothing is half-written.
+    saved = alice.remember("my tmux prefix is control-a", ["tmux prefix"])
+    assert _in_sqlite(alice, saved)
+    refused = client.post("/v1/tools/remember", json={"arguments": {
+        "content": "the team tmux config lives in the dotfiles repo", "keys": ["tmux"], "namespace": "team-ops"}})
+    assert f"127.0.0.1:{own_pg_cluster.port}" in refused.text, refused.text
+    assert all(secret not in refused.text for secret in own_pg_cluster.passwords.values())
+    own_pg_cluster.start_server()
 
 
 @pytest.mark.parametrize(("variables", "said"), [
