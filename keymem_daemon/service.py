@@ -262,10 +262,10 @@ class Service:
 
     def stale(self) -> str | None:
         """Why what this daemon serves may lag the shared store (None: it follows it)."""
-        follower = self._follower
-        if follower is None or follower.connected:
+        follower, url = self._follower, self.settings.store_url
+        if follower is None or follower.connected or url is None:
             return None
-        return (f"possibly stale: the store at {self.settings.store_description} does not answer; reads come "
+        return (f"possibly stale: the store at {describe_store_url(url)} does not answer; reads come "
                 "from what this daemon holds and writes fail until it is back (it reconnects by itself)")
 
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
