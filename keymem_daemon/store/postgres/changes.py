@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -34,7 +35,9 @@ is read when its notification came while an older transaction was still open."""
 CONNECT_TIMEOUT: Final = 5
 RECONNECT_BACKOFF: Final = 0.5
 """Seconds before the first reconnect after the connection was lost, doubling each time."""
-MAX_RECONNECT_BACKOFF: Final = 30.0
+MAX_RECONNECT_BACKOFF: Final = 10.0
+"""The longest wait between reconnects: while the follower is away the daemon serves reads from
+its replica and refuses writes, so a server that is back is found again within this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,9 @@ class ChangeFollower:
         # Whether the follower holds a connection to the change log now: while it does not,
         # what the daemon holds in memory may lag the server (status says "possibly stale").
         self.connected = False
+        # When (time.monotonic) the last round that read the change log up to its end began:
+        # whatever the server held then has reached the daemon.
+        self.caught_up_at = float("-inf")
         self._url = url
         self._on_changes = on_changes
         self._stop = threading.Event()
@@ -115,6 +121,7 @@ class ChangeFollower:
                 delay = min(delay * 2, MAX_RECONNECT_BACKOFF)
 
     def _catch_up(self, conn: psycopg.Connection[Any]) -> None:
+        began = time.monotonic()
         changes, cursor = read_changes(conn, self.cursor)
         if changes:
             try:
@@ -123,3 +130,4 @@ class ChangeFollower:
                 logger.exception("applying %d changes failed; they are read again", len(changes))
                 return
         self.cursor = cursor
+        self.caught_up_at = began
