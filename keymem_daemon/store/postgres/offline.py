@@ -114,11 +114,11 @@ class Replica:
         logger.info("local replica filled in %.2f s (%s)", time.perf_counter() - started, self.store.path)
 
     def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
-        for table in REPLICA_COLUMNS:
-            for rows in _stream(conn, _select(table)):
+        for table, rows in source_rows(conn):
+            if table == "memory_fts":
+                self.store.write(functools.partial(_put_index_rows, rows=rows))
+            else:
                 self.store.write(functools.partial(_put_rows, table=table, rows=rows))
-        for rows in _stream(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
-            self.store.write(functools.partial(_put_index_rows, rows=rows))
 
     def apply(self, batch: Sequence[Change]) -> None:
         """Bring the rows ``batch`` names in step with the server (the follower's thread)."""
@@ -154,6 +154,16 @@ class Replica:
 
     def close(self) -> None:
         self.store.close()
+
+
+def source_rows(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, list[Any]]]:
+    """Every row a replica copies from the server, as ``(table, rows)`` chunks in the order
+    their foreign keys need (``memory_fts``: ``(memory_id, content_tokens, key_tokens)``)."""
+    for table in REPLICA_COLUMNS:
+        for rows in _stream(conn, _select(table)):
+            yield table, rows
+    for rows in _stream(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
+        yield "memory_fts", rows
 
 
 def _stream(conn: psycopg.Connection[Any], sql: str) -> Iterator[list[Any]]:

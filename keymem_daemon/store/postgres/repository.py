@@ -103,7 +103,7 @@ class PostgresRepository:
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT}, name="keymem",
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, **changes.LIVENESS}, name="keymem",
             # Each checkout proves its connection alive (one round trip): after the server
             # restarts, the first unit gets a new connection instead of failing on a dead one.
             check=ConnectionPool.check_connection,

@@ -61,13 +61,11 @@ class ReplicaWriteRows:
 
     def put_index_rows(self, rows: Sequence[tuple[str, str, str]]) -> None:
         """``(memory_id, content_tokens, key_tokens)``: the memory's lexical index row, replaced."""
-        for memory_id, content_tokens, key_tokens in rows:
-            found = self._conn.execute("SELECT rowid FROM memories WHERE id = ?", (memory_id,)).fetchone()
-            if found is None:
-                continue
-            self._conn.execute("DELETE FROM memory_fts WHERE rowid = ?", (found[0],))
-            self._conn.execute("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) VALUES (?, ?, ?)",
-                               (found[0], content_tokens, key_tokens))
+        self._conn.executemany("DELETE FROM memory_fts WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)",
+                               [(row[0],) for row in rows])
+        self._conn.executemany("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) "
+                               "SELECT rowid, ?, ? FROM memories WHERE id = ?",
+                               [(content, keys, memory_id) for memory_id, content, keys in rows])
 
     def drop_memory_rows(self, memory_ids: Iterable[str]) -> None:
         """Delete memories with their index rows (links and relations cascade)."""
