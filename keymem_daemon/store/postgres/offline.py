@@ -84,8 +84,10 @@ class Replica:
     def fill_in_background(self) -> threading.Thread:
         """Copy everything the server holds (changes meanwhile are applied after)."""
         with self._lock:
-            self._filling = True
-            self.ready = False
+            return self._start_fill()
+
+    def _start_fill(self) -> threading.Thread:
+        self._filling, self.ready = True, False
         thread = threading.Thread(target=self._fill, name="keymem-replica", daemon=True)
         thread.start()
         return thread
@@ -96,21 +98,14 @@ class Replica:
             self.store.write(lambda writer: writer.clear_replica())
             self._source.snapshot(self._copy_all)
         except Exception:
-            logger.exception("could not fill the local replica; reads need the server until the next try")
+            # Tried again with the next change the follower reads (the server answers then).
+            logger.exception("could not fill the local replica; until it is, reads need the server")
             with self._lock:
                 self._filling = False
             return
         with self._lock:
-            pending, self._pending, self._filling = self._pending, [], False
-            try:
-                if pending:
-                    self._copy(pending)
-            except Exception:
-                logger.exception("could not bring the local replica in step; it is filled again")
-                self._filling = True
-                threading.Thread(target=self._fill, name="keymem-replica", daemon=True).start()
-                return
-            self.ready = True
+            self._filling, self.ready = False, True
+            self._bring_in_step([])
         logger.info("local replica filled in %.2f s (%s)", time.perf_counter() - started, self.store.path)
 
     def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
@@ -125,15 +120,25 @@ class Replica:
         with self._lock:
             if self._filling:
                 self._pending.extend(batch)
-                return
-            if not self.ready:
-                return
-            try:
-                self._copy(batch)
-            except Exception:
-                logger.exception("could not bring the local replica in step; it is filled again")
-                self._filling, self.ready = True, False
-                threading.Thread(target=self._fill, name="keymem-replica", daemon=True).start()
+            elif not self.ready:
+                self._start_fill()  # an earlier fill failed; the server answers again
+            else:
+                self._bring_in_step(batch)
+
+    def _bring_in_step(self, batch: Sequence[Change]) -> None:
+        """Copy what ``batch`` and the changes still pending name (holding the lock). When the
+        server does not answer they stay pending, for the next batch; when the replica refuses
+        them (it has gone out of step) it is filled again."""
+        work, self._pending = [*self._pending, *batch], []
+        if not work:
+            return
+        try:
+            self._copy(work)
+        except StoreUnavailable:
+            self._pending = work
+        except Exception:
+            logger.exception("could not bring the local replica in step; it is filled again")
+            self._start_fill()
 
     def _copy(self, batch: Sequence[Change]) -> None:
         memory_ids = sorted({c.id for c in batch if c.kind in ("memory", "relation")
