@@ -101,6 +101,10 @@ def _scenario(cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]
     assert "possibly stale" in stale and f"127.0.0.1:{cluster.port}" in stale and "local replica" in stale, stale
     health = client.get("/health").json()
     assert any("possibly stale" in w for w in health.get("warnings", [])), health
+    status = subprocess.run([sys.executable, "-m", "keymem_daemon", "status", "--json"],
+                            env=isolated_env(tmp_path / "a"), capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                            check=False)
+    assert any("possibly stale" in w for w in json.loads(status.stdout)["warnings"]), status
 
     # Reads answer from the replica, at once, marked stale; what was forgotten or corrected
     # before the outage is not served as current.

@@ -61,8 +61,9 @@ class ReplicaWriteRows:
 
     def put_index_rows(self, rows: Sequence[tuple[str, str, str]]) -> None:
         """``(memory_id, content_tokens, key_tokens)``: the memory's lexical index row, replaced."""
-        list(rows_in(self._conn, "DELETE FROM memory_fts WHERE rowid IN (SELECT rowid FROM memories WHERE id IN "
-                                 "({marks}))", [row[0] for row in rows]))
+        # One rowid at a time: FTS5 finds a row by ``rowid =`` directly, but scans for ``IN``.
+        self._conn.executemany("DELETE FROM memory_fts WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)",
+                               [(row[0],) for row in rows])
         self._conn.executemany("INSERT INTO memory_fts(rowid, content_tokens, key_tokens) "
                                "SELECT rowid, ?, ? FROM memories WHERE id = ?",
                                [(content, keys, memory_id) for memory_id, content, keys in rows])
