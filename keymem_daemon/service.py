@@ -90,6 +90,8 @@ class DaemonStats:
     stores: list[federation.StoreStats] | None = None
     """Each store's own counts, when personal and team namespaces live apart (``counts`` is
     their sum)."""
+    replica: str | None = None
+    """A shared store's local read replica: ``filling`` or ``ready`` (its path follows)."""
 
     def as_dict(self) -> dict[str, Any]:
         """One flat JSON object: the store's counts beside the daemon's own fields, and no
@@ -99,7 +101,7 @@ class DaemonStats:
         if self.counts is not None:
             out.update(render(self.counts))
         for name in ("embedder", "korean_analyzer", "learned_words", "embedder_note", "reranker", "downloads",
-                     "stale", "stores"):
+                     "stale", "stores", "replica"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = render(value)
@@ -167,8 +169,9 @@ class Service:
         self._start_warnings: list[str] = []
         # Where the copy of a store deleted under the daemon was saved (``watch_store``).
         self._rescued: str | None = None
-        # The shared store's change-log follower (KEYMEM_STORE_URL only).
+        # The shared store's change-log follower and its repository (KEYMEM_STORE_URL only).
         self._follower: Any = None
+        self._team: Any = None
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
         # What the push path surfaced in each host session, so it says nothing twice.
         self.sessions = push.SessionMemory(ttl=settings.inject_session_ttl, clock=clock)
@@ -236,37 +239,48 @@ class Service:
         date), following its change log from before the load so that no other daemon's write
         is missed: what it changes reaches this daemon's in-memory tables."""
         from keymem_daemon.store.postgres.changes import ChangeFollower
+        from keymem_daemon.store.postgres.offline import REPLICA_FILE, FailoverRepository, Replica
 
         url = self.settings.store_url
         assert url is not None
-        store = opening.open_postgres(url)
+        server = opening.open_postgres(url)
         try:
-            cursor = store.change_cursor()
+            cursor = server.change_cursor()
+            # Reads while the server does not answer come from a local copy (offline.py).
+            store = FailoverRepository(server, Replica.create(self.settings.data_dir / REPLICA_FILE, server))
         except BaseException:
-            store.close()
+            server.close()
             raise
         graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
                                  progress=self._re_embedding)
-        self._follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, batch))
+        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
         self._follower.start()
+        store.replica.fill_in_background()
+        self._team = store
         return graph
 
     @staticmethod
-    def _follow(graph: MemoryGraph, batch: list[Any]) -> None:
-        """Apply a batch of the change log (``store.postgres.changes.Change``) to the tables."""
+    def _follow(graph: MemoryGraph, store: Any, batch: list[Any]) -> None:
+        """Apply a batch of the change log (``store.postgres.changes.Change``) to the tables
+        (reading the server, whatever ``store`` serves other reads from) and the replica."""
         # A link whose weight changed (recall reinforces the links it used) changes none of them.
         memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
         keys = [c.id for c in batch if c.kind in ("key", "alias")]
         if memories or keys:
-            graph.follow_changes(memories, keys)
+            with store.from_server():
+                graph.follow_changes(memories, keys)
+        store.replica.apply(batch)
 
     def stale(self) -> str | None:
         """Why what this daemon serves may lag the shared store (None: it follows it)."""
-        follower, url = self._follower, self.settings.store_url
-        if follower is None or follower.connected or url is None:
+        team = self._team
+        why = team.offline() if team is not None else None
+        if why is None:
             return None
-        return (f"possibly stale: the store at {describe_store_url(url)} does not answer; reads come "
-                "from what this daemon holds and writes fail until it is back (it reconnects by itself)")
+        reads = ("reads come from this daemon's local replica" if team.replica.ready else
+                 "reads fail too (this daemon's local replica is not filled yet)")
+        return (f"possibly stale: the store at {self.settings.store_description} does not answer ({why}); {reads} "
+                "and writes fail until it is back (it reconnects by itself)")
 
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
         """A start on a store without memories next to a backup with some says so loudly: the
@@ -388,6 +402,9 @@ class Service:
             outcome = federated.call_tool(name, arguments, host, idempotency)
         else:
             outcome = tools.call_tool(tools.Context(graph, self.settings, host, idempotency), name, arguments)
+        stale = self.stale()
+        if stale is not None and isinstance(outcome.result, dict):
+            outcome = dataclasses.replace(outcome, result={**outcome.result, "stale": stale})
         if logged and not outcome.is_error and self.activity is not None:
             entry = activity_log.describe_tool_call(name, args, outcome.result, forgotten=forgotten,
                                                     actor=actor or host.agent or "agent")
@@ -454,6 +471,9 @@ class Service:
         else:
             result = push.inject(graph, request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
                                  project=project, session=session)
+        stale = self.stale()
+        if stale is not None:
+            result = dataclasses.replace(result, stale=stale)
         if request.session_id and result.skipped is None:
             self.sessions.record(request.session_id, [m.id for m in result.memories])
         if self.activity is not None and self.activity.enabled:
@@ -481,7 +501,8 @@ class Service:
             self.settings.store_description, **loaded,
             embedder_note=self.embedder_note or None,
             reranker=self.reranker.status() if self.reranker is not None else None,
-            downloads=self.progress.as_dict() if self.progress is not None else None, stale=self.stale())
+            downloads=self.progress.as_dict() if self.progress is not None else None, stale=self.stale(),
+            replica=self._team.replica.describe() if self._team is not None else None)
 
     def _store_stats(self) -> list[federation.StoreStats]:
         """Each store's counts (None for a shared store that does not answer: ``stale`` says so)."""

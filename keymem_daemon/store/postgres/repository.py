@@ -15,7 +15,7 @@ work on a psycopg connection pool, many daemons on one database.
   and two reinforcements of one link both count, without the engine knowing. ``fn`` must
   therefore do nothing outside the transaction but register ``after_commit`` callbacks
   (which is how the engine's writes are built); callbacks of a failed attempt are dropped.
-- **Errors name the server.** A connection that fails or drops becomes ``StoreError``
+- **Errors name the server.** A connection that fails or drops becomes ``StoreUnavailable`` (a ``StoreError``)
   naming ``host:port/database as role`` -- never the password; a write row-level security
   refuses (no write grant on the namespace) becomes ``Refused``.
 """
@@ -35,7 +35,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import describe_store_url
 from keymem_daemon.engine.ports import Reader, Writer
-from keymem_daemon.errors import Conflict, Refused, StoreError
+from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
@@ -103,7 +103,7 @@ class PostgresRepository:
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT}, name="keymem",
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, **changes.LIVENESS}, name="keymem",
             # Each checkout proves its connection alive (one round trip): after the server
             # restarts, the first unit gets a new connection instead of failing on a dead one.
             check=ConnectionPool.check_connection,
@@ -134,14 +134,19 @@ class PostgresRepository:
 
     def read(self, fn: Callable[[Reader], T]) -> T:
         """Run ``fn`` inside one read-only snapshot."""
+        return self.snapshot(lambda conn: fn(PgReader(conn)))
+
+    def snapshot(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` on a pooled connection inside one read-only snapshot (``read``'s, and
+        the local replica's copy of the rows: store/postgres/offline.py)."""
         try:
             with self._pool.connection() as conn:
                 conn.isolation_level = IsolationLevel.REPEATABLE_READ
                 conn.read_only = True
                 with conn.transaction():
-                    return fn(PgReader(conn))
+                    return fn(conn)
         except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
+            raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
@@ -169,7 +174,7 @@ class PostgresRepository:
                 raise Refused(f"the store at {self.where} refused the write: {str(exc).strip()} (ask the "
                               "database owner for a write grant: keymemd team grant NAMESPACE ROLE --write)") from None
             except (PoolTimeout, psycopg.OperationalError) as exc:
-                raise StoreError(f"the store at {self.where} refused the write or does not answer: "
+                raise StoreUnavailable(f"the store at {self.where} refused the write or does not answer: "
                                  f"{str(exc).strip()}; nothing was written") from None
             for callback in writer._after:
                 try:
@@ -188,7 +193,7 @@ class PostgresRepository:
                 conn.commit()
                 return cursor
         except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
+            raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def analyze(self) -> None:
         """Nothing to do: the server's autovacuum keeps the planner's statistics."""
