@@ -33,6 +33,8 @@ class PgMemoryRows:
     """The memory-row operations of a PostgreSQL reader/writer."""
 
     _conn: psycopg.Connection[Any]
+    # Set by a write that changed the lexical index: its BM25 statistics are renewed after COMMIT.
+    index_changed: bool
 
     def _memories(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Memory]:
         return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(), params)]
@@ -203,6 +205,7 @@ class PgMemoryRows:
         self._conn.execute("UPDATE memories SET superseded_by = NULL WHERE id = %s", (memory_id,))
 
     def delete_memory(self, memory_id: str) -> None:
+        self.index_changed = True  # its index row goes with it
         self._conn.execute("DELETE FROM memories WHERE id = %s", (memory_id,))
 
     def confirm(self, memory_id: str, *, now: float, depth_step: float, evidence: str,
@@ -244,14 +247,17 @@ class PgMemoryRows:
     # -- the lexical index rows a write keeps in step ---------------------------------------
 
     def index_memory(self, memory_id: str, content_tokens: str, key_tokens: str) -> None:
+        self.index_changed = True
         self._conn.execute(
             "INSERT INTO memory_fts(memory_id, content_tokens, key_tokens) VALUES (%s, %s, %s) "
             "ON CONFLICT (memory_id) DO UPDATE SET content_tokens = excluded.content_tokens, "
             "key_tokens = excluded.key_tokens", (memory_id, content_tokens, key_tokens))
 
     def set_key_tokens(self, memory_id: str, key_tokens: str) -> None:
+        self.index_changed = True
         self._conn.execute("UPDATE memory_fts SET key_tokens = %s WHERE memory_id = %s", (key_tokens, memory_id))
 
     def unindex(self, rowid: int) -> None:
+        self.index_changed = True
         self._conn.execute("DELETE FROM memory_fts WHERE memory_id = (SELECT id FROM memories WHERE rowid = %s)",
                            (rowid,))

@@ -40,7 +40,7 @@ from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.memories import PgMemoryRows
-from keymem_daemon.store.postgres.search import PgSearchRows, PgSearchWriteRows
+from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectR
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
+    _lexicon: LexicalStatistics
+    _generation: int  # the lexicon's, before the snapshot was taken
 
 
 @dataclass(slots=True)
@@ -80,6 +82,7 @@ class PgWriter(PgReader, PgSearchWriteRows, PgTransferWriteRows, PgInspectWriteR
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
+    index_changed: bool = False
 
     def after_commit(self, callback: Callable[[], object]) -> None:
         self._after.append(callback)
@@ -95,6 +98,7 @@ class PostgresRepository:
         self.shared = True  # every daemon of the team writes here
         self.lost: str | None = None
         self._pool = pool
+        self._lexicon = LexicalStatistics()
 
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE) -> PostgresRepository:
@@ -139,7 +143,7 @@ class PostgresRepository:
                 conn.isolation_level = IsolationLevel.REPEATABLE_READ
                 conn.read_only = True
                 with conn.transaction():
-                    return fn(PgReader(conn))
+                    return fn(PgReader(conn, self._lexicon, self._lexicon.generation))
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
@@ -153,7 +157,7 @@ class PostgresRepository:
                 with self._pool.connection() as conn:
                     conn.isolation_level = IsolationLevel.SERIALIZABLE
                     conn.read_only = False
-                    writer = PgWriter(conn)
+                    writer = PgWriter(conn, self._lexicon, self._lexicon.generation)
                     with conn.transaction():
                         result = fn(writer)
             except _RETRYABLE as exc:
@@ -171,6 +175,8 @@ class PostgresRepository:
             except (PoolTimeout, psycopg.OperationalError) as exc:
                 raise StoreError(f"the store at {self.where} refused the write or does not answer: "
                                  f"{str(exc).strip()}; nothing was written") from None
+            if writer.index_changed:
+                self._lexicon.renew()
             for callback in writer._after:
                 try:
                     callback()
