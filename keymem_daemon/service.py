@@ -233,7 +233,8 @@ class Service:
         memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
         keys = [c.id for c in batch if c.kind in ("key", "alias")]
         if memories or keys:
-            graph.follow_changes(memories, keys)
+            removals = any(c.op == "delete" and c.kind in ("memory", "link") for c in batch)
+            graph.follow_changes(memories, keys, removals=removals)
 
     def stale(self) -> str | None:
         """Why what this daemon serves may lag the shared store (None: it follows it)."""

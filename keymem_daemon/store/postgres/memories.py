@@ -69,14 +69,13 @@ class PgMemoryRows:
         return None if value is None else str(value)
 
     def member_state(self, memory_id: str) -> MemberState | None:
-        row = self._conn.execute("SELECT namespace, expires_at, superseded_by FROM memories WHERE id = %s",
-                                 (memory_id,)).fetchone()
+        # Its keys in key order, as SQLite's index on links(memory_id, key_id) hands them out.
+        row = self._conn.execute(
+            "SELECT namespace, expires_at, superseded_by, ARRAY(SELECT l.key_id FROM links l "
+            "WHERE l.memory_id = m.id ORDER BY l.key_id) FROM memories m WHERE id = %s", (memory_id,)).fetchone()
         if row is None or row[2] is not None:
             return None
-        # In key order, as SQLite's index on links(memory_id, key_id) hands them out.
-        keys = tuple(r[0] for r in self._conn.execute(
-            "SELECT key_id FROM links WHERE memory_id = %s ORDER BY key_id", (memory_id,)))
-        return MemberState(row[0], keys, row[1])
+        return MemberState(row[0], tuple(row[3]), row[1])
 
     def count_active(self, namespace: str | None, now: float) -> int:
         return int(self._value(f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE} "

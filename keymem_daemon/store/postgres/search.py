@@ -58,7 +58,9 @@ class LexicalStatistics:
         counted = (float(row[0]), float(row[1])) if row else (0.0, 0.0)  # an aggregate always has its row
         with self._lock:
             # Counted in a snapshot older than a renewal: right for this read, not for later ones.
-            if since == self.generation:
+            # An empty index is not kept: its zero average would divide the first rows another
+            # daemon adds (and counting no rows costs nothing).
+            if since == self.generation and counted[0] > 0:
                 self._counted, self._at = counted, self._clock()
         return counted
 
@@ -71,7 +73,9 @@ def _ranked(keep: str, join: str) -> str:
     limit, [keep's]."""
     return f"""
         WITH q AS (SELECT t FROM unnest(%s::text[]) t),
-        idf AS MATERIALIZED (SELECT q.t, GREATEST({_MIN_IDF}, ln((%s - d.hits + 0.5) / (d.hits + 0.5))) AS idf
+        -- A count reused from before another daemon's writes can be below a token's hits now.
+        idf AS MATERIALIZED (
+            SELECT q.t, GREATEST({_MIN_IDF}, ln((GREATEST(%s, d.hits) - d.hits + 0.5) / (d.hits + 0.5))) AS idf
                 FROM q, LATERAL (SELECT count(*)::float8 AS hits FROM memory_fts
                                  WHERE lexemes @@ {_LEXEME.format(t='q.t')}) d),
         docs AS MATERIALIZED (
