@@ -267,8 +267,9 @@ class Service:
         memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
         keys = [c.id for c in batch if c.kind in ("key", "alias")]
         if memories or keys:
+            removals = any(c.op == "delete" and c.kind in ("memory", "link") for c in batch)
             with store.from_server():
-                graph.follow_changes(memories, keys)
+                graph.follow_changes(memories, keys, removals=removals)
         store.replica.apply(batch)
 
     def stale(self) -> str | None:
