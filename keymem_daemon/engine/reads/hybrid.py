@@ -14,6 +14,7 @@ returned is reinforced through the writer (``bump_links``, ``decay_links``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -56,9 +57,12 @@ from keymem_daemon.engine.reads.signals import (
 )
 from keymem_daemon.engine.records import Hit, Memory
 from keymem_daemon.engine.text import truncate
+from keymem_daemon.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import MemoryGraph
+
+logger = logging.getLogger(__name__)
 
 KEY_PATH_KEYS: Final = 10
 # A matched key adds its members as candidates only when it has at most this many; keys
@@ -328,7 +332,12 @@ def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequenc
         writer.bump_links(bumps, ceiling=LINK_MAX)
         writer.decay_links(matched_set, returned, EXPLORED_DECAY, floor=LINK_MIN)
 
-    graph.store.write(write)
+    try:
+        graph.store.write(write)
+    except StoreUnavailable:
+        # A shared store's server that does not answer: the recall is served (from the local
+        # replica) without its reinforcement, which is bookkeeping, not the answer.
+        logger.debug("recall not reinforced: the store does not answer")
 
 
 def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, Memory],

@@ -50,7 +50,7 @@ from keymem_daemon.engine.reads.channels import UNANCHORED
 from keymem_daemon.engine.reads.hybrid import hybrid_recall
 from keymem_daemon.engine.reads.query import MIN_CORPUS, plan_query
 from keymem_daemon.engine.reads.signals import sigmoid
-from keymem_daemon.engine.records import KeyRef
+from keymem_daemon.engine.records import KeyRef, omit
 from keymem_daemon.engine.text import STOPWORDS, has_hangul, normalize, script_of, sound_skeleton, truncate
 
 if TYPE_CHECKING:
@@ -488,6 +488,8 @@ class InjectResult:
     skipped: str | None = None
     held_back: list[str] = field(default_factory=list)
     """Memories relevant again but surfaced earlier in this session, so not repeated."""
+    stale: str | None = omit()
+    """Why the answer may lag a shared store whose server does not answer (served from the replica)."""
 
 
 def render_inject(memories: Sequence[InjectedMemory], max_chars: int, *, header: str = INJECT_HEADER) -> str | None:

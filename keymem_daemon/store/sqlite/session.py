@@ -8,6 +8,7 @@ mixin per area so the SQL of an area lives in one module:
 - ``search.py``    FTS5 and the reads retrieval and the push path make
 - ``transfer.py``  export and import rows
 - ``inspect.py``   the inspector's and the activity log's reads and writes
+- ``replica.py``   rows copied from a shared store into a local read replica (not the engine's)
 
 The engine sees them only as ``engine.ports.Reader`` / ``engine.ports.Writer``.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
 from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
+from keymem_daemon.store.sqlite.replica import ReplicaWriteRows
 from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows, Vocabulary
 from keymem_daemon.store.sqlite.transfer import TransferRows, TransferWriteRows
 
@@ -48,7 +50,8 @@ class SqliteReader(
 class SqliteWriter(SqliteReader,
                    SearchWriteRows,
                    TransferWriteRows,
-                   InspectWriteRows):
+                   InspectWriteRows,
+                   ReplicaWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
