@@ -27,7 +27,7 @@ from keymem_daemon.engine.reads import hybrid, query
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
 from keymem_daemon.engine.writes.remember import Host
-from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError
+from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError, StoreUnavailable
 from keymem_daemon.mcp import instructions, tools
 
 logger = logging.getLogger(__name__)
@@ -467,7 +467,13 @@ class Service:
             replica=self._team.replica.describe() if self._team is not None else None)
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
-        return transfer.export(self.ready_graph(), include_vectors=include_vectors)
+        graph = self.ready_graph()
+        stale = self.stale()
+        if stale is not None:
+            # The local replica holds no memory vectors, idempotency records nor activity: an
+            # export from it would look whole and not be.
+            raise StoreUnavailable(f"an export needs the server: {stale}")
+        return transfer.export(graph, include_vectors=include_vectors)
 
     def import_(self, data: Any, *, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
         if not isinstance(data, dict):

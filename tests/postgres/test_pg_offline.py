@@ -139,6 +139,10 @@ def _scenario(cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]
         assert all(secret not in message for secret in cluster.passwords.values())
         assert took < ANSWER_LIMIT, took
 
+    # An export would be incomplete from the replica: it is refused, naming the server.
+    exported = client.post("/v1/export", json={})
+    assert exported.status_code >= 500 and "an export needs the server" in exported.text, exported.text
+
     # The real shim and the real hook answer promptly.
     env = isolated_env(tmp_path / "a")
     shim_answer = anyio.run(_through_the_shim, env, tmp_path / "shim.err", kept)
