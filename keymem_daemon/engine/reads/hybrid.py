@@ -240,14 +240,24 @@ def _share_evidence(graph: MemoryGraph, live: Sequence[Memory], cands: Mapping[s
                 bonus[m.id] = max(bonus.get(m.id, 0.0), share)
     sizes = graph.key_counts({k for keys in link_map.values() for k in keys}, scope, now).counts
     total = max(1, len(graph.bodies))
+    weights: dict[str, float] = {}
 
     def weight(kid: str) -> float:
-        return key_weight(sizes.get(kid, 1), total)
+        value = weights.get(kid)
+        if value is None:
+            value = weights[kid] = key_weight(sizes.get(kid, 1), total)
+        return value
 
+    # Only a memory sharing one of the seed's keys gains (association_bonus is 0 for the rest).
+    holders: dict[str, set[str]] = {}
+    for mid, keys in link_map.items():
+        for kid in keys:
+            holders.setdefault(kid, set()).add(mid)
     for seed in seeds[:PRF_SEEDS]:
         seed_keys = link_map.get(seed.id, {})
+        sharing = set().union(*(holders.get(kid, ()) for kid in seed_keys))
         for m in live:
-            if m.id == seed.id:
+            if m.id == seed.id or m.id not in sharing:
                 continue
             extra = association_bonus(cands[seed.id].score, seed_keys, link_map.get(m.id, {}), weight)
             if extra:

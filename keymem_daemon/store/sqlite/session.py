@@ -22,7 +22,7 @@ from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
 from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
 from keymem_daemon.store.sqlite.replica import ReplicaWriteRows
-from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows
+from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows, Vocabulary
 from keymem_daemon.store.sqlite.transfer import TransferRows, TransferWriteRows
 
 
@@ -38,6 +38,8 @@ class SqliteReader(
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
+    _vocabulary: Vocabulary | None = None
+    _vocabulary_seen: int | None = None
 
     def integrity_check(self) -> str:
         """SQLite's verdict on the whole file: ``ok``, or the first problem it found."""
