@@ -87,11 +87,11 @@ class DaemonStats:
     downloads: dict[str, Any] | None = None
     stale: str | None = None
     """Why the counts and what recall serves may lag a shared store that does not answer."""
-    replica: str | None = None
-    """A shared store's local read replica: ``filling`` or ``ready`` (its path follows)."""
     stores: list[federation.StoreStats] | None = None
     """Each store's own counts, when personal and team namespaces live apart (``counts`` is
     their sum)."""
+    replica: str | None = None
+    """A shared store's local read replica: ``filling`` or ``ready`` (its path follows)."""
 
     def as_dict(self) -> dict[str, Any]:
         """One flat JSON object: the store's counts beside the daemon's own fields, and no
@@ -267,8 +267,9 @@ class Service:
         memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
         keys = [c.id for c in batch if c.kind in ("key", "alias")]
         if memories or keys:
+            removals = any(c.op == "delete" and c.kind in ("memory", "link") for c in batch)
             with store.from_server():
-                graph.follow_changes(memories, keys)
+                graph.follow_changes(memories, keys, removals=removals)
         store.replica.apply(batch)
 
     def _team_answers(self) -> bool:
