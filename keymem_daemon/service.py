@@ -27,7 +27,7 @@ from keymem_daemon.engine.reads import hybrid, query
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
 from keymem_daemon.engine.writes.remember import Host
-from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError
+from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError, StoreUnavailable
 from keymem_daemon.mcp import instructions, tools
 from keymem_daemon.store import opening
 
@@ -264,13 +264,13 @@ class Service:
 
     def stale(self) -> str | None:
         """Why what this daemon serves may lag the shared store (None: it follows it)."""
-        team = self._team
+        team, url = self._team, self.settings.store_url
         why = team.offline() if team is not None else None
-        if why is None:
+        if why is None or url is None:
             return None
         reads = ("reads come from this daemon's local replica" if team.replica.ready else
-                 "reads fail too (this daemon's local replica is not filled yet)")
-        return (f"possibly stale: the store at {self.settings.store_description} does not answer ({why}); {reads} "
+                 "reads from it fail too (this daemon's local replica is not filled yet)")
+        return (f"possibly stale: the store at {describe_store_url(url)} does not answer ({why}); {reads} "
                 "and writes fail until it is back (it reconnects by itself)")
 
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
@@ -513,8 +513,14 @@ class Service:
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         """The store's export; with team namespaces apart, the local store's (as importable as
-        ever), the team store's under ``team``, each naming its store."""
-        out = transfer.export(self.ready_graph(), include_vectors=include_vectors)
+        ever), the team store's under ``team``, each naming its store. Refused while a shared
+        store's server is down: the local replica holds no memory vectors, idempotency records
+        nor activity, so an export from it would look whole and not be."""
+        graph = self.ready_graph()
+        stale = self.stale()
+        if stale is not None:
+            raise StoreUnavailable(f"an export needs the server: {stale}")
+        out = transfer.export(graph, include_vectors=include_vectors)
         if self.federation is not None and self.settings.store_url is not None:
             out["store"] = f"sqlite {self.settings.db_path}"
             out["team"] = {"store": describe_store_url(self.settings.store_url),

@@ -139,6 +139,10 @@ def _scenario(cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]
         assert all(secret not in message for secret in cluster.passwords.values())
         assert took < ANSWER_LIMIT, took
 
+    # An export would be incomplete from the replica: it is refused, naming the server.
+    exported = client.post("/v1/export", json={})
+    assert exported.status_code >= 500 and "an export needs the server" in exported.text, exported.text
+
     # The real shim and the real hook answer promptly.
     env = isolated_env(tmp_path / "a")
     shim_answer = anyio.run(_through_the_shim, env, tmp_path / "shim.err", kept)
@@ -194,3 +198,35 @@ async def _through_the_shim(env: dict[str, str], errlog: Path, kept: str) -> dic
                 else:
                     assert result.is_error and "does not answer" in block.text, block.text
     return took
+
+
+def test_with_team_namespaces_apart_a_stopped_server_leaves_both_halves_answering(
+        own_pg_cluster: PgCluster, tmp_path: Path) -> None:
+    factories: list[DaemonFactory] = []
+    try:
+        (tmp_path / "f").mkdir()
+        factory = DaemonFactory(tmp_path / "f")
+        factories.append(factory)
+        daemon = factory.start(KEYMEM_STORE_URL=own_pg_cluster.url, KEYMEM_TEAM_NAMESPACES="team-*")
+        personal = daemon.remember("my editor theme is solarized dark on every machine", ["editor theme"])
+        team = daemon.remember("the team deploys the payments service only on tuesdays", ["payments deploy"],
+                               namespace="team-payments")
+        client = daemon.client()
+        wait_for(lambda: str(client.get("/v1/stats").json().get("replica", "")).startswith("ready"),
+                 REPLICA_TIMEOUT, message="the replica to be filled")
+        own_pg_cluster.stop_server()
+        wait_for(lambda: client.get("/v1/stats").json().get("stale"), NOTICE_TIMEOUT,
+                 message="the daemon to say it is possibly stale")
+        both, took = _timed(lambda: _recall_text(daemon, "payments service deploy tuesdays"))
+        assert team in json.dumps(both["result"]) and "possibly stale" in both["result"]["stale"], both
+        assert took < ANSWER_LIMIT, took
+        assert personal in json.dumps(_recall_text(daemon, "editor theme solarized")), "the local half"
+        refused = client.post("/v1/tools/remember", json={"arguments": {
+            "content": "the payments freeze starts in december", "keys": ["payments freeze"],
+            "namespace": "team-payments"}})
+        assert refused.status_code >= 500 and "store_unavailable" in refused.text, refused.text
+        kept = daemon.remember("my terminal font is fira code", ["terminal font"])
+        assert kept
+    finally:
+        for each in factories:
+            each.teardown()
