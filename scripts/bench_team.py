@@ -60,7 +60,7 @@ from keymem_daemon.engine import transfer  # noqa: E402
 from keymem_daemon.engine.graph import MemoryGraph  # noqa: E402
 from keymem_daemon.engine.ports import KeyRow, MemoryRow  # noqa: E402
 from keymem_daemon.inference.embedders import load_embedder_or_default  # noqa: E402
-from keymem_daemon.store.opening import open_sqlite  # noqa: E402
+from keymem_daemon.store import opening  # noqa: E402
 from keymem_daemon.store.postgres import changes  # noqa: E402
 from keymem_daemon.store.postgres.repository import PostgresRepository  # noqa: E402
 from keymem_daemon.store.sqlite.database import Store  # noqa: E402
@@ -174,7 +174,7 @@ def build_sqlite(path: Path, size: int) -> float:
                 "keys": [{"id": key_ids[c], "concept": c, "key_type": kinds.get(c, "concept"), "created_at": 1.7e9,
                           "aliases": [], "vector": b64(vectors[c])} for c in concepts],
                 "memories": memories, "links": links, "relations": [], "alias_candidates": []}
-        graph = MemoryGraph.over(open_sqlite(settings, path), embedder, settings)
+        graph = MemoryGraph.over(opening.open_sqlite(settings, path), embedder, settings)
         try:
             transfer.import_data(graph, data)
         finally:

@@ -74,7 +74,12 @@ def _check_if_closed(conn: psycopg.Connection[Any]) -> None:
     (a restart, an administrator's kill) has its goodbye or EOF waiting on the socket, so
     only then is it probed with a round trip -- which fails, and the pool connects anew. A
     round trip on every checkout cost each unit of work a third of its round trips."""
-    if conn.closed or select.select([conn.fileno()], [], [], 0)[0]:
+    if conn.closed:
+        ConnectionPool.check_connection(conn)
+        return
+    waiting = select.poll()  # poll, not select: a daemon's descriptors may pass FD_SETSIZE
+    waiting.register(conn.fileno(), select.POLLIN)
+    if waiting.poll(0):
         ConnectionPool.check_connection(conn)
 
 
