@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from engine_helpers import FakeClock, db_read, db_write, key_id, link_weight, open_graph, remember, state
+from engine_helpers import FakeClock, StoreAt, db_read, db_write, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -223,14 +223,13 @@ def test_a_store_can_be_closed_twice_and_refuses_work_afterwards(tmp_path: Path)
 
 
 def test_reopening_the_store_after_close_loses_nothing(
-    tmp_path: Path,
+    store_at: StoreAt,
     embedder: Embedder,
     analyzer: Analyzer,
     settings: Settings,
     clock: FakeClock,
 ) -> None:
-    path = tmp_path / "keymem.db"
-    g = open_graph(path, embedder, settings, clock, analyzer)
+    g = open_graph(store_at, embedder, settings, clock, analyzer)
     host = Host(agent="claude", session="4f1c2d3e-5a6b-4c7d-8e9f-0a1b2c3d4e5f", turn=3)
     a = remember(
         g, "The user writes Python every day", ["Python", "파이썬", "programming"], host=host
@@ -266,7 +265,7 @@ def test_reopening_the_store_after_close_loses_nothing(
     python_weight = link_weight(g, key_id(g, "Python"), a)
     g.close()
 
-    reopened = open_graph(path, embedder, settings, clock, analyzer)
+    reopened = open_graph(store_at, embedder, settings, clock, analyzer)
     try:
         assert transfer.export(reopened) == before
         python = key_id(reopened, "파이썬")
