@@ -54,7 +54,18 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+BACKENDS = ("sqlite", "postgres")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test of the store runs on each backend, but one marked ``sqlite_only`` (with the
+    reason why it tests SQLite itself) on SQLite alone."""
+    if "backend" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only")
+        metafunc.parametrize("backend", BACKENDS[:1] if only else BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     """Which store the test's engine runs on."""
     return str(request.param)
@@ -66,18 +77,19 @@ def new_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
     ``tmp_path/name/keymem.db``, or a new database of the session's cluster (dropped after)."""
     made: list[str] = []
     cluster = request.getfixturevalue("pg_cluster") if backend == "postgres" else None
-    template = request.getfixturevalue("pg_migrated_template") if backend == "postgres" else None
+    supply = request.getfixturevalue("pg_fresh_databases") if backend == "postgres" else None
 
     def make(name: str) -> StoreAt:
-        if cluster is None:
+        if cluster is None or supply is None:
             (tmp_path / name).mkdir(parents=True, exist_ok=True)
             return tmp_path / name / "keymem.db"
-        made.append(cluster.create_database(template=template))
+        made.append(supply.take())
         return str(cluster.url_for(PG_OWNER, made[-1]))
 
     yield make
-    for database in made:
-        cluster.drop_database(database)
+    if supply is not None:
+        for database in made:
+            supply.give_back(database)
 
 
 @pytest.fixture

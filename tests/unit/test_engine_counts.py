@@ -9,6 +9,7 @@ and compares the counts with a direct SQL count after each step and after reopen
 from __future__ import annotations
 
 import random
+
 from engine_helpers import FakeClock, StoreAt, db_read, open_graph, remember
 
 from keymem_daemon.config import Settings

@@ -359,23 +359,23 @@ class Renamed:
 
 
 def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
+    store_at: StoreAt,
     tmp_path: Path,
     embedder: Embedder,
     analyzer: Analyzer,
     settings: Settings,
     clock: FakeClock,
 ) -> None:
-    path = tmp_path / "keymem.db"
-    g = open_graph(path, embedder, settings, clock, analyzer)
+    g = open_graph(store_at, embedder, settings, clock, analyzer)
     mid = remember(g, "The user writes Python every day", ["Python", "파이썬", "programming"])
     before = transfer.export(g)
     g.close()
 
     other = Renamed(embedder, "test:other-model")
     with pytest.raises(StoreError, match="KEYMEM_AUTO_MIGRATE"):
-        MemoryGraph.open(path, other, settings.replace(auto_migrate=False), clock=clock)
+        open_graph(store_at, other, settings.replace(auto_migrate=False), clock)
 
-    migrated = MemoryGraph.open(path, other, settings, clock=clock)
+    migrated = open_graph(store_at, other, settings, clock)
     try:
         assert other.calls >= 2, "every key was embedded again"
         assert list((tmp_path / "backups").glob("keymem-before-reembed-*.db"))
@@ -415,28 +415,27 @@ def key_vectors_from(graph: MemoryGraph, embedder: Embedder) -> int:
 
 
 @pytest.fixture
-def many_keys(tmp_path: Path, embedder: Embedder, analyzer: Analyzer, settings: Settings,
-              clock: FakeClock) -> Path:
+def many_keys(store_at: StoreAt, embedder: Embedder, analyzer: Analyzer, settings: Settings,
+              clock: FakeClock) -> StoreAt:
     """A store of 600 keys: three chunks of a re-embedding."""
-    path = tmp_path / "keymem.db"
-    g = open_graph(path, embedder, settings, clock, analyzer)
+    g = open_graph(store_at, embedder, settings, clock, analyzer)
     for i in range(300):
         remember(g, f"note {i}: the deploy queue of team {i}", [f"team {i}", f"queue {i}", "deploy"])
     g.close()
-    return path
+    return store_at
 
 
 def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_returns(
-    many_keys: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    many_keys: StoreAt, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
     with pytest.raises(Crashed):
-        MemoryGraph.open(many_keys, Negated(embedder, survive=256), settings, clock=clock)
+        open_graph(many_keys, Negated(embedder, survive=256), settings, clock)
 
     # Without the mark, the old fingerprint would still stand and 256 keys keep the new
     # model's vectors; with it, going back to the old model embeds everything again.
     with pytest.raises(StoreError, match="half re-embedded for test:negated"):
-        MemoryGraph.open(many_keys, embedder, settings.replace(auto_migrate=False), clock=clock)
-    back = MemoryGraph.open(many_keys, embedder, settings, clock=clock)
+        open_graph(many_keys, embedder, settings.replace(auto_migrate=False), clock)
+    back = open_graph(many_keys, embedder, settings, clock)
     try:
         assert key_vectors_from(back, embedder) == len(list(back.keys.all())) == 601
     finally:
@@ -444,15 +443,15 @@ def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_retu
 
 
 def test_a_re_embedding_cut_short_resumes_where_it_stopped(
-    many_keys: Path, tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    many_keys: StoreAt, tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
     first = Negated(embedder, survive=512)
     with pytest.raises(Crashed):
-        MemoryGraph.open(many_keys, first, settings, clock=clock)
+        open_graph(many_keys, first, settings, clock)
     assert first.calls == 512
 
     again = Negated(embedder)
-    resumed = MemoryGraph.open(many_keys, again, settings, clock=clock)
+    resumed = open_graph(many_keys, again, settings, clock)
     try:
         # 601 keys and 300 bodies, less the two chunks the first start wrote.
         assert again.calls == 601 + 300 - 512
