@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from engine_helpers import FakeClock, StoreAt, db_read, db_write, key_id, link_weight, open_graph, remember, state
+from pg_cluster import OWNER, DatabaseSupply, PgCluster
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -342,6 +343,10 @@ def test_a_file_that_is_not_a_database_is_refused_with_a_store_error(tmp_path: P
         Store.open(path)
 
 
+RE_EMBEDDING_IS_LOCAL = ("re-embedding (after a file backup) is how a store of one daemon changes model; a shared "
+                         "PostgreSQL store refuses another embedder instead (test_a_shared_store_refuses_...)")
+
+
 class Renamed:
     """The same vectors under another fingerprint: what a model upgrade looks like."""
 
@@ -358,6 +363,7 @@ class Renamed:
         return self.inner.embed(texts)
 
 
+@pytest.mark.sqlite_only(RE_EMBEDDING_IS_LOCAL)
 def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
     store_at: StoreAt,
     tmp_path: Path,
@@ -387,6 +393,34 @@ def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
         assert recall(migrated, "파이썬").memories[0].id == mid
     finally:
         migrated.close()
+
+
+def test_a_shared_store_refuses_a_daemon_with_another_embedder_and_changes_nothing(
+    pg_cluster: PgCluster, pg_fresh_databases: DatabaseSupply, embedder: Embedder, analyzer: Analyzer,
+    settings: Settings, clock: FakeClock
+) -> None:
+    """Its key vectors are every daemon's: one daemon re-embedding them for its own model
+    would leave the others searching another model's vectors."""
+    database = pg_fresh_databases.take()
+    try:
+        url = pg_cluster.url_for(OWNER, database)
+        g = open_graph(url, embedder, settings, clock, analyzer)
+        remember(g, "The user writes Python every day", ["Python", "파이썬", "programming"])
+        before = transfer.export(g, include_vectors=True)
+        g.close()
+
+        other = Renamed(embedder, "test:other-model")
+        with pytest.raises(StoreError, match=f"embedded with {embedder.fingerprint} but this daemon's embedder is "
+                                             "test:other-model; every daemon of a team must use the same embedder"):
+            open_graph(url, other, settings, clock)
+        assert other.calls == 0
+        again = open_graph(url, embedder, settings, clock, analyzer)
+        try:
+            assert transfer.export(again, include_vectors=True) == before
+        finally:
+            again.close()
+    finally:
+        pg_fresh_databases.give_back(database)
 
 
 class Crashed(Exception):
@@ -425,6 +459,7 @@ def many_keys(store_at: StoreAt, embedder: Embedder, analyzer: Analyzer, setting
     return store_at
 
 
+@pytest.mark.sqlite_only(RE_EMBEDDING_IS_LOCAL)
 def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_returns(
     many_keys: StoreAt, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
@@ -442,6 +477,7 @@ def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_retu
         back.close()
 
 
+@pytest.mark.sqlite_only(RE_EMBEDDING_IS_LOCAL)
 def test_a_re_embedding_cut_short_resumes_where_it_stopped(
     many_keys: StoreAt, tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
