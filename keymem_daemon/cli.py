@@ -36,7 +36,7 @@ from keymem_daemon.cli_shared import (
     pass_state,
     ready_daemon,
 )
-from keymem_daemon.config import Settings
+from keymem_daemon.config import Settings, redacted_url
 from keymem_daemon.errors import Conflict, DaemonNotRunning, KeymemError
 
 if TYPE_CHECKING:
@@ -263,6 +263,7 @@ def status(state: CliState, as_json: bool) -> None:
         "uptime_s": round(time.time() - info.started_at, 1),
         "data_dir": info.data_dir,
         "store": stats.get("store"),
+        "stores": stats.get("stores"),
         "embedder": stats.get("embedder") or info.embedder,
         "memories": stats.get("memories"),
         "keys": stats.get("keys"),
@@ -288,6 +289,11 @@ def status(state: CliState, as_json: bool) -> None:
         lines.append(f"  store at:  {data['store']}")
     if data["memories"] is not None:
         lines.append(f"  store:     {data['memories']} memories, {data['keys']} keys, {data['links']} links")
+    for part in data["stores"] or []:  # personal namespaces in SQLite, team ones in PostgreSQL
+        counts = part.get("counts")
+        held = (f"{counts['memories']} memories, {counts['keys']} keys, {counts['links']} links" if counts
+                else "does not answer")
+        lines.append(f"    {part['store']}: {held}")
     if data["embedder"]:
         lines.append(f"  embedder:  {data['embedder']}")
     if isinstance(data["reranker"], dict):
@@ -658,7 +664,7 @@ def restore(state: CliState, backup: Path | None, no_start: bool, as_json: bool)
     from keymem_daemon import backups
 
     settings = state.settings()
-    if settings.store_url is not None:
+    if settings.store_url is not None and not settings.federated:  # federated: the local half is SQLite's
         raise click.ClickException(f"KEYMEM_STORE_URL is set: the store is {settings.store_description}, whose "
                                    "server keeps and backs up the data (pg_dump / pg_restore); keymemd restore puts "
                                    "back SQLite backups only")
@@ -719,6 +725,60 @@ def _summarize(result: Mapping[str, Any]) -> str:
         elif isinstance(value, int) and not isinstance(value, bool):
             parts.append(f"{value} {name}")
     return "; ".join(parts)
+
+
+@cli.command(name="migrate-store")
+@click.option("--to", "url", required=True, metavar="URL",
+              help="The PostgreSQL store: postgresql://ROLE@HOST:PORT/DATABASE (password: the URL, ~/.pgpass or "
+                   "PGPASSWORD).")
+@json_option
+@pass_state
+def migrate_store(state: CliState, url: str, as_json: bool) -> None:
+    """Copy the local SQLite store (<data>/keymem.db) into a PostgreSQL store, and verify the copy.
+
+    Run it with the daemon stopped. Progress goes to stderr. Interrupted (Ctrl+C, a lost
+    connection), the same command continues where it stopped without copying anything twice.
+    A database that already holds other keymem data is refused and left as it is. At the
+    end both stores are compared, table by table and by a checksum of their exports; then
+    point keymem at the copy with KEYMEM_STORE_URL. The SQLite store is left as it was.
+
+    Example:
+
+    \b
+        keymemd stop
+        keymemd migrate-store --to postgresql://alice@db.example:5432/keymem
+        export KEYMEM_STORE_URL=postgresql://alice@db.example:5432/keymem && keymemd start
+    """
+    from keymem_daemon.config import parse_store_url
+
+    settings = state.settings()
+    try:
+        url = parse_store_url("--to", url)
+    except KeymemError as exc:
+        raise click.ClickException(exc.message) from None
+    try:
+        from keymem_daemon import store_migration
+    except ImportError as exc:  # psycopg is the optional 'team' extra
+        raise click.ClickException(f"migrate-store needs psycopg ({exc}): pip install 'keymem[team]'") from None
+    started = time.monotonic()
+
+    def progress(phase: str, done: int, total: int) -> None:
+        rate = f" ({done / (time.monotonic() - started):.0f}/s)" if phase == "memories" else ""
+        note(f"{phase}: {done}/{total}{rate}")
+
+    try:
+        done = store_migration.migrate_store(settings, url, progress=progress)
+    except KeymemError as exc:
+        raise click.ClickException(exc.message) from None
+    counts = done.verified.counts
+    memories = counts["memories"]
+    emit(as_json, {"target": done.target, "resumed": done.resumed, "result": done.result, "counts": counts,
+                   "sha256": done.verified.sha256, "seconds": round(done.seconds, 2)}, [
+        f"{'resumed and ' if done.resumed else ''}copied {settings.db_path} to {done.target} in {done.seconds:.1f} s "
+        f"({memories / max(done.seconds, 1e-9):.0f} memories/s): {_summarize(done.result)}",
+        "verified: " + ", ".join(f"{n} {name}" for name, n in counts.items())
+        + f" on both sides, export checksum sha256 {done.verified.sha256[:16]}... equal",
+        f"serve from it with: KEYMEM_STORE_URL={redacted_url(url)} keymemd start"])
 
 
 # -- team memory: grants on the PostgreSQL store (store/postgres/grants.py, psycopg directly) --

@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -304,9 +304,25 @@ def _validate(data: Mapping[str, Any], now: float, *, max_content_chars: int) ->
     return _Plan(keys, memories, links, relations, candidates)
 
 
-def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progress | None = None
-                ) -> dict[str, Any]:
-    """Validate, embed and write an export (or an upstream graph.json) in one transaction."""
+@dataclass(slots=True)
+class _Prepared:
+    """An import validated, embedded and cut into index tokens, ready to be written."""
+
+    plan: _Plan
+    key_vectors: dict[str, bytes]
+    body_vectors: dict[str, bytes]
+    tokens: dict[str, str]
+    vocabulary: frozenset[str]
+    """The analyzer's learned words when ``tokens`` were cut."""
+
+    def fresh_tokens(self, graph: MemoryGraph) -> Mapping[str, str]:
+        """``tokens``, unless another request taught the analyzer a word since they were cut
+        (then none: each memory is cut again as it is indexed)."""
+        return self.tokens if self.vocabulary == graph.analyzer.learned else {}
+
+
+def _prepare(graph: MemoryGraph, data: Mapping[str, Any], report: Progress) -> _Prepared:
+    """Validate an export (or an upstream graph.json), embed what it lacks, cut its text."""
     if data.get("format") == FORMAT:
         if data.get("version") != VERSION:
             raise InvalidInput(f"unsupported export version {data.get('version')!r} (this keymem reads {VERSION})",
@@ -318,7 +334,6 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
         raise InvalidInput("not a keymem export (format 'keymem-export') nor an upstream graph.json", field="format")
     now = graph.clock()
     plan = _validate(shape, now, max_content_chars=graph.settings.max_content_chars)
-    report = progress or (lambda phase, done, total: None)
     same_space = shape.get("embedder") == graph.embedder.fingerprint
 
     key_vectors: dict[str, bytes] = {}
@@ -355,16 +370,97 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
         tokens[m["id"]] = " ".join(graph.analyzer.index_tokens(m["content"]))
         if (i + 1) % 500 == 0 or i + 1 == len(plan.memories):
             report("indexing", i + 1, len(plan.memories))
+    return _Prepared(plan, key_vectors, body_vectors, tokens, vocabulary)
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    """The progress report of a caller that asked for none."""
+
+
+def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progress | None = None
+                ) -> dict[str, Any]:
+    """Validate, embed and write an export (or an upstream graph.json) in one transaction."""
+    report = progress or _no_progress
+    ready = _prepare(graph, data, report)
 
     def write(tx: Writer) -> dict[str, Any]:
-        # Another request may have taught the analyzer a word since the text was cut.
-        fresh = vocabulary == graph.analyzer.learned
-        return _write(graph, tx, plan, key_vectors, body_vectors, tokens if fresh else {})
+        return _write(graph, tx, ready.plan, ready.key_vectors, ready.body_vectors, ready.fresh_tokens(graph))
 
     result = graph.store.write(write)
     report("writing", 1, 1)
     graph.reload_indexes()
     logger.info("import: %s", result)
+    return result
+
+
+def copy_into(graph: MemoryGraph, data: Mapping[str, Any], *, batch: int, progress: Progress | None = None
+              ) -> dict[str, Any]:
+    """Write a whole store's export into ``graph``'s store as it is, ``batch`` records per
+    transaction: keys (with their aliases), then memories with their links and index rows,
+    then relations and alias candidates (``keymemd migrate-store``).
+
+    What is there already is skipped, as an import skips it, and each batch commits whole,
+    so a copy cut short (a kill, a lost connection) and run again continues after the last
+    batch it committed, duplicating nothing. Unlike ``import_data`` it keeps every
+    supersession as the export has it (one may name a memory of a later batch). The graph's
+    in-memory tables are not reloaded: its caller verifies the copy and closes it."""
+    report = progress or _no_progress
+    ready = _prepare(graph, data, report)
+    plan = ready.plan
+    imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
+    skipped = {"keys": 0, "memories": 0}
+    key_map: dict[str, str] = {}
+
+    def add(counts: tuple[dict[str, int], dict[str, int]]) -> None:
+        for total, part in zip((imported, skipped), counts, strict=True):
+            for name, n in part.items():
+                total[name] += n
+
+    for start in range(0, len(plan.keys), batch):
+        def write_keys(tx: Writer, start: int = start) -> tuple[dict[str, str], tuple[dict[str, int], dict[str, int]]]:
+            graph.sync_vocabulary(tx)
+            mapped: dict[str, str] = {}
+            counts = _counts()
+            for i, k in enumerate(plan.keys[start:start + batch], start):
+                with _record(f"keys[{i}]"):
+                    _write_key(graph, tx, k, ready.key_vectors, mapped, *counts)
+            return mapped, counts
+
+        mapped, counts = graph.store.write(write_keys)
+        key_map.update(mapped)
+        add(counts)
+        report("keys", min(start + batch, len(plan.keys)), len(plan.keys))
+    links_of: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, link in enumerate(plan.links):
+        links_of.setdefault(link["memory_id"], []).append((i, link))
+    for start in range(0, len(plan.memories), batch):
+        def write_memories(tx: Writer, start: int = start) -> tuple[dict[str, int], dict[str, int]]:
+            graph.sync_vocabulary(tx)
+            counts = _counts()
+            new_memories: set[str] = set()
+            chunk = plan.memories[start:start + batch]
+            for i, m in enumerate(chunk, start):
+                with _record(f"memories[{i}]"):
+                    _write_memory(tx, m, ready.body_vectors, new_memories, *counts)
+            _write_links(tx, [link for m in chunk for link in links_of.get(m["id"], [])], key_map, new_memories,
+                         counts[0])
+            _index_new(graph, tx, new_memories, ready.fresh_tokens(graph))
+            return counts
+
+        add(graph.store.write(write_memories))
+        report("memories", min(start + batch, len(plan.memories)), len(plan.memories))
+
+    def write_rest(tx: Writer) -> int:
+        # Every relation, not only those of memories this run wrote: a run cut short after
+        # the memories and before this transaction left them out.
+        added = sum(tx.import_relation(a, b) for a, b in plan.relations)
+        _write_candidates(tx, plan.candidates, key_map)
+        return added
+
+    imported["relations"] += graph.store.write(write_rest)
+    report("relations", 1, 1)
+    result = {"imported": imported, "skipped": skipped}
+    logger.info("copy: %s", result)
     return result
 
 
@@ -405,12 +501,16 @@ def _record(where: str) -> Iterator[None]:
         raise InvalidInput(f"{where} cannot be stored: {exc}", field=where) from exc
 
 
+def _counts() -> tuple[dict[str, int], dict[str, int]]:
+    """Fresh ``(imported, skipped)`` tallies."""
+    return {"keys": 0, "memories": 0, "links": 0, "relations": 0}, {"keys": 0, "memories": 0}
+
+
 def _write(graph: MemoryGraph, tx: Writer, plan: _Plan, key_vectors: Mapping[str, bytes],
            body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
     graph.sync_vocabulary(tx)
     key_map: dict[str, str] = {}
-    imported = {"keys": 0, "memories": 0, "links": 0, "relations": 0}
-    skipped = {"keys": 0, "memories": 0}
+    imported, skipped = _counts()
     for i, k in enumerate(plan.keys):
         with _record(f"keys[{i}]"):
             _write_key(graph, tx, k, key_vectors, key_map, imported, skipped)
@@ -418,26 +518,42 @@ def _write(graph: MemoryGraph, tx: Writer, plan: _Plan, key_vectors: Mapping[str
     for i, m in enumerate(plan.memories):
         with _record(f"memories[{i}]"):
             _write_memory(tx, m, body_vectors, new_memories, imported, skipped)
-    for i, link in enumerate(plan.links):
-        if link["memory_id"] not in new_memories:
-            continue
-        with _record(f"links[{i}]"):
-            added = tx.import_link(key_map[link["key_id"]], link["memory_id"], link["weight"], auto=link["auto"])
-        imported["links"] += added
+    _write_links(tx, enumerate(plan.links), key_map, new_memories, imported)
     for a, b in plan.relations:
         if a in new_memories:
             imported["relations"] += tx.import_relation(a, b)
-    for i, c in enumerate(plan.candidates):
-        with _record(f"alias_candidates[{i}]"):
-            tx.import_alias_candidate(key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"],
-                                   c["last_seen"])
+    _write_candidates(tx, plan.candidates, key_map)
     # A supersession pointing outside the store would hide a memory forever: drop it.
     tx.drop_dangling_supersessions()
+    _index_new(graph, tx, new_memories, tokens)
+    return {"imported": imported, "skipped": skipped}
+
+
+def _write_links(tx: Writer, links: Iterable[tuple[int, dict[str, Any]]], key_map: Mapping[str, str],
+                 new_memories: set[str], imported: dict[str, int]) -> None:
+    """The links (each with its place in the import) of the memories this transaction added;
+    an existing memory keeps its own."""
+    for i, link in links:
+        if link["memory_id"] not in new_memories:
+            continue
+        with _record(f"links[{i}]"):
+            imported["links"] += tx.import_link(key_map[link["key_id"]], link["memory_id"], link["weight"],
+                                                auto=link["auto"])
+
+
+def _write_candidates(tx: Writer, candidates: list[dict[str, Any]], key_map: Mapping[str, str]) -> None:
+    for i, c in enumerate(candidates):
+        with _record(f"alias_candidates[{i}]"):
+            tx.import_alias_candidate(key_map[c["key_id"]], normalize(c["query_text"]), c["query_text"], c["count"],
+                                      c["last_seen"])
+
+
+def _index_new(graph: MemoryGraph, tx: Writer, new_memories: set[str], tokens: Mapping[str, str]) -> None:
+    """Index the added memories that are current (after their links, whose keys it indexes)."""
     for mid in new_memories:
         memory = tx.memory(mid)
         if memory is not None and memory.superseded_by is None:
             graph.index_memory(tx, mid, tokens.get(mid))
-    return {"imported": imported, "skipped": skipped}
 
 
 def _write_key(graph: MemoryGraph, tx: Writer, k: Mapping[str, Any], key_vectors: Mapping[str, bytes],

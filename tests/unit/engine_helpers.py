@@ -27,6 +27,7 @@ from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp.tools import Context, Outcome, call_tool
+from keymem_daemon.store.opening import open_postgres, open_sqlite
 from keymem_daemon.store.sqlite.database import Store
 
 T = TypeVar("T")
@@ -69,12 +70,11 @@ def open_graph(
     analyzer: Analyzer | None = None,
     **options: Any,
 ) -> MemoryGraph:
-    """The engine over the store at ``where`` (``MemoryGraph.open``'s keyword ``options``)."""
+    """The engine over the store at ``where`` (``MemoryGraph.over``'s keyword ``options``)."""
     if isinstance(where, Path):
-        return MemoryGraph.open(where, embedder, settings, clock=clock, analyzer=analyzer, **options)
-    from keymem_daemon.store.postgres.repository import PostgresRepository
-
-    store = PostgresRepository.open(where)
+        return MemoryGraph.over(open_sqlite(settings, where), embedder, settings, clock=clock, analyzer=analyzer,
+                                **options)
+    store = open_postgres(where)
     _PG_URLS[store] = where
     return MemoryGraph.over(store, embedder, settings, clock=clock, analyzer=analyzer, **options)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from daemon_helpers import scaled
 from engine_helpers import FakeClock, StoreAt, db_read, db_write, key_id, link_weight, open_graph, remember, state
 from pg_cluster import OWNER, DatabaseSupply, PgCluster
 
@@ -22,6 +23,7 @@ from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.inference.embedders import Embedder
+from keymem_daemon.store.opening import open_sqlite
 from keymem_daemon.store.sqlite.database import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate
 from keymem_daemon.store.sqlite.rows import rows_in
 
@@ -91,7 +93,7 @@ def test_a_graph_refuses_a_newer_store_with_a_store_error(
     conn.commit()
     conn.close()
     with pytest.raises(StoreError, match="newer"):
-        MemoryGraph.open(path, embedder, settings, clock=clock)
+        MemoryGraph.over(open_sqlite(settings, path), embedder, settings, clock=clock)
 
 
 @pytest.mark.parametrize("version", range(SCHEMA_VERSION))
@@ -330,7 +332,7 @@ def test_closing_the_graph_closes_every_connection_it_opened(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=scaled(10))
     assert open_fds_to(path)
     g.close()
     assert open_fds_to(path) == []

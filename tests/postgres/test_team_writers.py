@@ -1,0 +1,217 @@
+"""Many writers on one PostgreSQL store, as a team has them (issue 22): real daemons (each its
+own data directory), real OS client processes writing over HTTP at the same time, and a daemon
+SIGKILLed in the middle of a burst of writes. What was acknowledged is there exactly once and
+whole (the memory, its links to every key asked for, its index row); nothing half-written is
+left; nothing stays locked."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+
+DAEMONS = 2
+CLIENTS_PER_DAEMON = 4
+REMEMBERS_PER_CLIENT = 250
+SECONDS_PER_REMEMBER = 1.0
+"""A client's budget per remember, with eight clients and two daemons sharing a loaded 2-core
+machine with the server (one takes ~50 ms alone)."""
+CLIENT_TIMEOUT = READY_TIMEOUT + REMEMBERS_PER_CLIENT * SECONDS_PER_REMEMBER
+PROPAGATION_TIMEOUT = 30.0
+"""Seconds for a write through one daemon to be recallable through the other (well under 1 s)."""
+SAMPLED = 12
+"""Memories recalled through each daemon after the burst (recalling all 2,000 would take minutes)."""
+KILL_AFTER = 40
+"""Acknowledged writes before the daemon is SIGKILLed (the burst goes on around the kill)."""
+KILL_WRITERS = 4
+PROMPT_WRITE_TIMEOUT = 30.0
+"""Seconds the first write after the restart may take: a lock left behind would hold it forever."""
+DEAD_SESSION_TIMEOUT = 30.0
+"""Seconds for the server to drop the killed daemon's sessions (it sees the sockets close at once)."""
+
+pytestmark = pytest.mark.timeout(int(3 * CLIENT_TIMEOUT))
+
+# One client process: waits for "go" on stdin, then remembers REMEMBERS_PER_CLIENT notes
+# through one daemon, one request at a time, and prints the ids it was given (or the error).
+_CLIENT = """
+import json, sys, uuid
+import httpx
+
+url, token, name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+saved = []
+with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=float(sys.argv[5])) as client:
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for i in range(count):
+        arguments = {"content": f"{name} note {i}: the canary for shard {i % 17} must stay below {i} errors",
+                     "keys": [f"{name} shard {i % 17}", "canary rollout"]}
+        response = client.post("/v1/tools/remember", json={"arguments": arguments},
+                               headers={"Idempotency-Key": str(uuid.uuid4())})
+        body = response.json()
+        if response.status_code != 200 or body.get("is_error"):
+            print(json.dumps({"error": [i, response.status_code, body]}), flush=True)
+            sys.exit(1)
+        saved.append(body["result"]["saved"])
+print(json.dumps({"saved": saved}), flush=True)
+"""
+
+
+@pytest.fixture
+def factories() -> Iterator[list[DaemonFactory]]:
+    made: list[DaemonFactory] = []
+    yield made
+    for factory in made:
+        factory.teardown()
+
+
+def _start(factories: list[DaemonFactory], tmp_path: Path, name: str, url: str) -> DaemonProcess:
+    (tmp_path / name).mkdir(exist_ok=True)
+    factory = DaemonFactory(tmp_path / name)
+    factories.append(factory)
+    return factory.start(KEYMEM_STORE_URL=url)
+
+
+def _recalls(daemon: DaemonProcess, query: str, memory_id: str) -> bool:
+    return memory_id in json.dumps(daemon.call("recall", {"query": query})["result"])
+
+
+def test_two_daemons_and_eight_client_processes_store_all_2000_remembers_exactly_once(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    daemons = [_start(factories, tmp_path, f"d{n}", pg_database) for n in range(DAEMONS)]
+    clients = []
+    try:
+        for (n, daemon), c in itertools.product(enumerate(daemons), range(CLIENTS_PER_DAEMON)):
+            clients.append(subprocess.Popen(
+                [sys.executable, "-c", _CLIENT, daemon.url, daemon.token, f"client-{n}-{c}",
+                 str(REMEMBERS_PER_CLIENT), str(CLIENT_TIMEOUT)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for client in clients:  # each has its connection set up: they start together
+            assert client.stdout is not None and client.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        for client in clients:
+            assert client.stdin is not None
+            client.stdin.write("go\n")
+            client.stdin.close()
+        outputs = [client.communicate(timeout=CLIENT_TIMEOUT) for client in clients]
+        took = time.monotonic() - started
+    finally:
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.communicate(timeout=60)
+    results = [json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err}
+               for out, err in outputs]
+    assert all("saved" in r for r in results), [r for r in results if "saved" not in r][:2]
+    total = DAEMONS * CLIENTS_PER_DAEMON * REMEMBERS_PER_CLIENT
+    print(f"{total} remembers from {len(clients)} client processes through {DAEMONS} daemons in {took:.1f} s "
+          f"({total / took:.0f}/s)")
+    saved = [memory_id for r in results for memory_id in r["saved"]]
+    assert len(saved) == len(set(saved)) == total
+    expected = {f"client-{n}-{c} note {i}": None for n in range(DAEMONS) for c in range(CLIENTS_PER_DAEMON)
+                for i in range(REMEMBERS_PER_CLIENT)}
+    # Through SQL: every note once, under the id its client was given, with both its keys.
+    with psycopg.connect(pg_database) as conn:
+        rows = conn.execute("SELECT id, split_part(content, ':', 1) FROM memories").fetchall()
+        links = conn.execute("SELECT COUNT(*), COUNT(DISTINCT memory_id) FROM links").fetchone()
+        canary = conn.execute("SELECT COUNT(*) FROM keys WHERE norm = 'canary rollout'").fetchone()
+    assert len(rows) == total and {note for _, note in rows} == expected.keys()
+    assert {memory_id for memory_id, _ in rows} == set(saved)
+    assert links == (2 * total, total) and canary == (1,), (links, canary)
+    # Through each daemon: its export holds every note once, and it recalls what the other wrote.
+    for daemon in daemons:
+        notes = [m["content"].split(":", 1)[0] for m in daemon.export()["memories"]]
+        assert len(notes) == total and set(notes) == expected.keys()
+    by_id = dict(rows)
+    for memory_id in random.Random(22).sample(saved, SAMPLED):
+        name, _, i = by_id[memory_id].partition(" note ")
+        query = f"{name} note {i} canary shard {int(i) % 17}"
+        for daemon in daemons:
+            wait_for(lambda d=daemon, q=query, m=memory_id: _recalls(d, q, m), PROPAGATION_TIMEOUT,  # type: ignore[misc]
+                     message=f"{memory_id} to be recalled through daemon {daemon.pid}")
+
+
+def _burst(daemon: DaemonProcess, writer: int, stop: threading.Event, acknowledged: list[tuple[str, str]],
+           attempted: dict[str, list[str]]) -> None:
+    """Remember until the daemon goes away; each acknowledged write as (id, content)."""
+    with httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"},
+                      timeout=PROPAGATION_TIMEOUT) as client:
+        for i in itertools.count():
+            if stop.is_set():
+                return
+            content = f"kill burst {writer}-{i}: the replica at rack {i % 5} lags behind the primary"
+            keys = [f"replica {writer} {i}", f"rack {writer} {i}", "replication lag"]
+            attempted[content] = keys
+            try:
+                response = client.post("/v1/tools/remember", json={"arguments": {"content": content, "keys": keys}})
+            except httpx.HTTPError:
+                return  # the daemon is gone
+            body: dict[str, Any] = response.json()
+            if response.status_code == 200 and not body.get("is_error"):
+                acknowledged.append((body["result"]["saved"], content))
+
+
+def test_a_daemon_sigkilled_mid_burst_leaves_every_acknowledged_write_whole_and_nothing_locked(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    stop = threading.Event()
+    acknowledged: list[tuple[str, str]] = []
+    attempted: dict[str, list[str]] = {}
+    threads = [threading.Thread(target=_burst, args=(daemon, w, stop, acknowledged, attempted))
+               for w in range(KILL_WRITERS)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(acknowledged) >= KILL_AFTER, CLIENT_TIMEOUT, message=f"{KILL_AFTER} acknowledged writes")
+        daemon.kill()  # SIGKILL, with writes in flight
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=PROPAGATION_TIMEOUT * 2)
+    database = pg_database.rsplit("/", 1)[1]
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        # The server drops the killed daemon's sessions, and with them every lock they held.
+        def others() -> list[tuple[Any, ...]]:
+            return conn.execute("SELECT a.pid, a.state, l.locktype FROM pg_stat_activity a LEFT JOIN pg_locks l "
+                                "ON l.pid = a.pid WHERE a.datname = %s AND a.pid <> pg_backend_pid() "
+                                "AND a.backend_type = 'client backend'", (database,)).fetchall()
+
+        wait_for(lambda: not others(), DEAD_SESSION_TIMEOUT, message=lambda: f"the killed daemon's sessions to "
+                 f"end: {others()}")
+        rows = {r[0]: r[1] for r in conn.execute("SELECT id, content FROM memories")}
+        linked: dict[str, set[str]] = {}
+        for memory_id, norm in conn.execute("SELECT l.memory_id, k.norm FROM links l JOIN keys k ON k.id = l.key_id"):
+            linked.setdefault(memory_id, set()).add(norm)
+        indexed = {r[0] for r in conn.execute("SELECT memory_id FROM memory_fts")}
+    # Every acknowledged write is there, whole.
+    for memory_id, content in acknowledged:
+        assert rows.get(memory_id) == content, (memory_id, content)
+    # Every memory there -- acknowledged or committed just before the kill -- is whole: all
+    # the keys its write asked for, and its index row. Nothing is half-written.
+    for memory_id, content in rows.items():
+        assert linked.get(memory_id) == set(attempted[content]), (memory_id, content, linked.get(memory_id))
+        assert memory_id in indexed, memory_id
+    assert set(linked) <= set(rows)
+    print(f"{len(acknowledged)} writes acknowledged, {len(rows)} committed, {len(attempted)} attempted "
+          "before the SIGKILL")
+    # Restarted on the same data directory, it writes at once (no lock waits for a dead
+    # transaction) -- to the shared key every killed write touched -- and serves what was saved.
+    restarted = factories[0].start(KEYMEM_STORE_URL=pg_database)
+    began = time.monotonic()
+    fresh = restarted.remember("after the restart the replica caught up within a minute", ["replication lag"])
+    assert time.monotonic() - began < PROMPT_WRITE_TIMEOUT
+    assert fresh not in rows
+    for memory_id, content in acknowledged[-3:]:
+        read = restarted.call("read_memory", {"memory_id": memory_id})
+        assert not read["is_error"] and content in json.dumps(read["result"], ensure_ascii=False), read
