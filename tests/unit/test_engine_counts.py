@@ -1,4 +1,4 @@
-"""The in-memory key member counts always equal what SQLite says.
+"""The in-memory key member counts always equal what the store says.
 
 ``recall``/``read_memory`` read a key's ``memory_count`` from ``ActiveCounts`` instead of
 counting links in SQLite; every write path reports its change. This drives a random mix of
@@ -9,14 +9,12 @@ and compares the counts with a direct SQL count after each step and after reopen
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
-from engine_helpers import FakeClock, db_read, remember
+from engine_helpers import FakeClock, StoreAt, db_read, open_graph, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.inference.embedders import Embedder
-from keymem_daemon.store.opening import open_sqlite
 from keymem_daemon.store.sqlite.memories import ACTIVE
 
 WORDS = ["deploy", "database", "editor", "coffee", "배포", "데이터베이스", "에디터", "커피", "review", "리뷰"]
@@ -40,9 +38,9 @@ def assert_counts_match(graph: MemoryGraph) -> None:
 
 
 def test_key_counts_follow_every_write_path_and_survive_a_reopen(
-        tmp_path: Path, embedder: Embedder, clock: FakeClock, settings: Settings) -> None:  # noqa: F811
+        store_at: StoreAt, embedder: Embedder, clock: FakeClock, settings: Settings) -> None:  # noqa: F811
     rng = random.Random(3)
-    graph = MemoryGraph.over(open_sqlite(settings, tmp_path / "keymem.db"), embedder, settings, clock=clock)
+    graph = open_graph(store_at, embedder, settings, clock)
     live: list[str] = []
     try:
         for step in range(60):
@@ -75,7 +73,7 @@ def test_key_counts_follow_every_write_path_and_survive_a_reopen(
                     graph.cleanup_expired()
             assert_counts_match(graph)
         graph.close()
-        graph = MemoryGraph.over(open_sqlite(settings, tmp_path / "keymem.db"), embedder, settings, clock=clock)
+        graph = open_graph(store_at, embedder, settings, clock)
         assert_counts_match(graph)
     finally:
         graph.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import FakeClock, db_read, db_write, key_id, open_graph, remember
+from engine_helpers import FakeClock, StoreAt, db_read, db_write, key_id, open_graph, remember
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -34,22 +34,25 @@ DOCKER_BUILD = "도커로 로컬 빌드를 할 때는 BuildKit 캐시를 켠다.
 
 
 def fts_tokens(graph: MemoryGraph, memory_id: str) -> tuple[list[str], list[str]]:
-    row = db_read(graph.store, lambda c: c.execute(
-        "SELECT f.content_tokens, f.key_tokens FROM memory_fts f JOIN memories m ON m.rowid = f.rowid "
-        "WHERE m.id = ?", (memory_id,)).fetchone())
-    return row[0].split(), row[1].split()
+    """The memory's row of the lexical index: its content tokens and its key tokens."""
+    return graph.store.read(lambda reader: reader.indexed_tokens([memory_id]))[memory_id]
 
 
 Opener = Callable[[Path, Analyzer], AbstractContextManager[MemoryGraph]]
 
 
 @pytest.fixture
-def opened(embedder: Embedder, settings: Settings, clock: FakeClock) -> Opener:
-    """``with opened(path, analyzer) as graph``: the store at ``path``, read by ``analyzer``."""
+def opened(embedder: Embedder, settings: Settings, clock: FakeClock, backend: str,
+           new_store: Callable[[str], StoreAt]) -> Opener:
+    """``with opened(path, analyzer) as graph``: the store at ``path``, read by ``analyzer``
+    (on PostgreSQL, a database of its own for each path)."""
+    databases: dict[Path, StoreAt] = {}
 
     @contextmanager
     def open_with(path: Path, analyzer: Analyzer) -> Iterator[MemoryGraph]:
-        graph = open_graph(path, embedder, settings, clock, analyzer)
+        if backend == "postgres" and path not in databases:
+            databases[path] = new_store(path.stem)
+        graph = open_graph(databases.get(path, path), embedder, settings, clock, analyzer)
         try:
             yield graph
         finally:
@@ -207,7 +210,7 @@ def test_a_store_opened_by_an_analyser_that_knows_more_words_is_cut_again(
     ],
 )
 def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_hold(
-    tmp_path: Path, opened: Opener, damage: str
+    tmp_path: Path, opened: Opener, damage: str, backend: str
 ) -> None:
     with opened(tmp_path / "keymem.db", Analyzer()) as graph:
         mapped = remember(graph, "맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"])
@@ -216,7 +219,8 @@ def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_
         db_write(graph.store, lambda c: c.execute(damage, (VOCABULARY_META,)))
         db_write(graph.store, lambda c: c.execute(
             "UPDATE memory_fts SET content_tokens = '화면 mapbox gl 그리', key_tokens = 'map mapbox' "
-            "WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)", (mapped,)))
+            + ("WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)" if backend == "sqlite"
+               else "WHERE memory_id = ?"), (mapped,)))
     fresh = Analyzer()
     with opened(tmp_path / "keymem.db", fresh) as graph:
         assert fresh.learned == {"맵"}
@@ -264,11 +268,11 @@ class Interleaving:
 
 
 def test_a_batch_item_cut_before_another_request_taught_a_word_is_cut_again(
-    tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    store_at: StoreAt, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
     graph: MemoryGraph
     interleaving = Interleaving(embedder, "second item", lambda: remember(graph, DOCKER_BUILD, ["도커", "Docker"]))
-    graph = open_graph(tmp_path / "keymem.db", interleaving, settings, clock, Analyzer())
+    graph = open_graph(store_at, interleaving, settings, clock, Analyzer())
     try:
         result = graph.remember_batch([graph.prepare(content=DOCKER_IMAGE, keys=["ECR"]),
                                        graph.prepare(content="second item", keys=["batch"])])

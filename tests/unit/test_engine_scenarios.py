@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_helpers import FakeClock, Tools, memory_row, open_graph
+from engine_helpers import FakeClock, StoreAt, Tools, memory_row, open_graph
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -230,12 +230,13 @@ def test_namespaces_are_isolated(graph: MemoryGraph, tools: Tools) -> None:  # n
 
 def test_reopening_the_store_loses_nothing_and_recall_still_works(
     tmp_path: Path,
+    store_at: StoreAt,
     embedder: Embedder,  # noqa: F811
     analyzer: Analyzer,
     clock: FakeClock,
 ) -> None:  # noqa: F811
     settings = Settings(data_dir=tmp_path, tools="full")
-    first = open_graph(tmp_path / "keymem.db", embedder, settings, clock, analyzer)
+    first = open_graph(store_at, embedder, settings, clock, analyzer)
     t = Tools(
         first,
         settings,
@@ -251,7 +252,7 @@ def test_reopening_the_store_loses_nothing_and_recall_still_works(
     before = transfer.export(first)
     first.close()
 
-    second = open_graph(tmp_path / "keymem.db", embedder, settings, clock, analyzer)
+    second = open_graph(store_at, embedder, settings, clock, analyzer)
     try:
         assert transfer.export(second) == before
         t2 = Tools(second, settings, Host())

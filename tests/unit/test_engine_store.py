@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from daemon_helpers import scaled
-from engine_helpers import FakeClock, db_read, db_write, key_id, link_weight, open_graph, remember, state
+from engine_helpers import FakeClock, StoreAt, db_read, db_write, key_id, link_weight, open_graph, remember, state
+from pg_cluster import OWNER, DatabaseSupply, PgCluster
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -225,14 +226,13 @@ def test_a_store_can_be_closed_twice_and_refuses_work_afterwards(tmp_path: Path)
 
 
 def test_reopening_the_store_after_close_loses_nothing(
-    tmp_path: Path,
+    store_at: StoreAt,
     embedder: Embedder,
     analyzer: Analyzer,
     settings: Settings,
     clock: FakeClock,
 ) -> None:
-    path = tmp_path / "keymem.db"
-    g = open_graph(path, embedder, settings, clock, analyzer)
+    g = open_graph(store_at, embedder, settings, clock, analyzer)
     host = Host(agent="claude", session="4f1c2d3e-5a6b-4c7d-8e9f-0a1b2c3d4e5f", turn=3)
     a = remember(
         g, "The user writes Python every day", ["Python", "파이썬", "programming"], host=host
@@ -268,7 +268,7 @@ def test_reopening_the_store_after_close_loses_nothing(
     python_weight = link_weight(g, key_id(g, "Python"), a)
     g.close()
 
-    reopened = open_graph(path, embedder, settings, clock, analyzer)
+    reopened = open_graph(store_at, embedder, settings, clock, analyzer)
     try:
         assert transfer.export(reopened) == before
         python = key_id(reopened, "파이썬")
@@ -345,6 +345,10 @@ def test_a_file_that_is_not_a_database_is_refused_with_a_store_error(tmp_path: P
         Store.open(path)
 
 
+RE_EMBEDDING_IS_LOCAL = ("re-embedding (after a file backup) is how a store of one daemon changes model; a shared "
+                         "PostgreSQL store refuses another embedder instead (test_a_shared_store_refuses_...)")
+
+
 class Renamed:
     """The same vectors under another fingerprint: what a model upgrade looks like."""
 
@@ -361,24 +365,25 @@ class Renamed:
         return self.inner.embed(texts)
 
 
+@pytest.mark.sqlite_only(RE_EMBEDDING_IS_LOCAL)
 def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
+    store_at: StoreAt,
     tmp_path: Path,
     embedder: Embedder,
     analyzer: Analyzer,
     settings: Settings,
     clock: FakeClock,
 ) -> None:
-    path = tmp_path / "keymem.db"
-    g = open_graph(path, embedder, settings, clock, analyzer)
+    g = open_graph(store_at, embedder, settings, clock, analyzer)
     mid = remember(g, "The user writes Python every day", ["Python", "파이썬", "programming"])
     before = transfer.export(g)
     g.close()
 
     other = Renamed(embedder, "test:other-model")
     with pytest.raises(StoreError, match="KEYMEM_AUTO_MIGRATE"):
-        MemoryGraph.over(open_sqlite(settings, path), other, settings.replace(auto_migrate=False), clock=clock)
+        open_graph(store_at, other, settings.replace(auto_migrate=False), clock)
 
-    migrated = MemoryGraph.over(open_sqlite(settings, path), other, settings, clock=clock)
+    migrated = open_graph(store_at, other, settings, clock)
     try:
         assert other.calls >= 2, "every key was embedded again"
         assert list((tmp_path / "backups").glob("keymem-before-reembed-*.db"))
@@ -390,6 +395,34 @@ def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
         assert recall(migrated, "파이썬").memories[0].id == mid
     finally:
         migrated.close()
+
+
+def test_a_shared_store_refuses_a_daemon_with_another_embedder_and_changes_nothing(
+    pg_cluster: PgCluster, pg_fresh_databases: DatabaseSupply, embedder: Embedder, analyzer: Analyzer,
+    settings: Settings, clock: FakeClock
+) -> None:
+    """Its key vectors are every daemon's: one daemon re-embedding them for its own model
+    would leave the others searching another model's vectors."""
+    database = pg_fresh_databases.take()
+    try:
+        url = pg_cluster.url_for(OWNER, database)
+        g = open_graph(url, embedder, settings, clock, analyzer)
+        remember(g, "The user writes Python every day", ["Python", "파이썬", "programming"])
+        before = transfer.export(g, include_vectors=True)
+        g.close()
+
+        other = Renamed(embedder, "test:other-model")
+        with pytest.raises(StoreError, match=f"embedded with {embedder.fingerprint} but this daemon's embedder is "
+                                             "test:other-model; every daemon of a team must use the same embedder"):
+            open_graph(url, other, settings, clock)
+        assert other.calls == 0
+        again = open_graph(url, embedder, settings, clock, analyzer)
+        try:
+            assert transfer.export(again, include_vectors=True) == before
+        finally:
+            again.close()
+    finally:
+        pg_fresh_databases.give_back(database)
 
 
 class Crashed(Exception):
@@ -418,44 +451,45 @@ def key_vectors_from(graph: MemoryGraph, embedder: Embedder) -> int:
 
 
 @pytest.fixture
-def many_keys(tmp_path: Path, embedder: Embedder, analyzer: Analyzer, settings: Settings,
-              clock: FakeClock) -> Path:
+def many_keys(store_at: StoreAt, embedder: Embedder, analyzer: Analyzer, settings: Settings,
+              clock: FakeClock) -> StoreAt:
     """A store of 600 keys: three chunks of a re-embedding."""
-    path = tmp_path / "keymem.db"
-    g = open_graph(path, embedder, settings, clock, analyzer)
+    g = open_graph(store_at, embedder, settings, clock, analyzer)
     for i in range(300):
         remember(g, f"note {i}: the deploy queue of team {i}", [f"team {i}", f"queue {i}", "deploy"])
     g.close()
-    return path
+    return store_at
 
 
+@pytest.mark.sqlite_only(RE_EMBEDDING_IS_LOCAL)
 def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_returns(
-    many_keys: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    many_keys: StoreAt, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
     with pytest.raises(Crashed):
-        MemoryGraph.over(open_sqlite(settings, many_keys), Negated(embedder, survive=256), settings, clock=clock)
+        open_graph(many_keys, Negated(embedder, survive=256), settings, clock)
 
     # Without the mark, the old fingerprint would still stand and 256 keys keep the new
     # model's vectors; with it, going back to the old model embeds everything again.
     with pytest.raises(StoreError, match="half re-embedded for test:negated"):
-        MemoryGraph.over(open_sqlite(settings, many_keys), embedder, settings.replace(auto_migrate=False), clock=clock)
-    back = MemoryGraph.over(open_sqlite(settings, many_keys), embedder, settings, clock=clock)
+        open_graph(many_keys, embedder, settings.replace(auto_migrate=False), clock)
+    back = open_graph(many_keys, embedder, settings, clock)
     try:
         assert key_vectors_from(back, embedder) == len(list(back.keys.all())) == 601
     finally:
         back.close()
 
 
+@pytest.mark.sqlite_only(RE_EMBEDDING_IS_LOCAL)
 def test_a_re_embedding_cut_short_resumes_where_it_stopped(
-    many_keys: Path, tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
+    many_keys: StoreAt, tmp_path: Path, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
     first = Negated(embedder, survive=512)
     with pytest.raises(Crashed):
-        MemoryGraph.over(open_sqlite(settings, many_keys), first, settings, clock=clock)
+        open_graph(many_keys, first, settings, clock)
     assert first.calls == 512
 
     again = Negated(embedder)
-    resumed = MemoryGraph.over(open_sqlite(settings, many_keys), again, settings, clock=clock)
+    resumed = open_graph(many_keys, again, settings, clock)
     try:
         # 601 keys and 300 bodies, less the two chunks the first start wrote.
         assert again.calls == 601 + 300 - 512

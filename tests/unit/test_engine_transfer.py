@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import DAY, START, FakeClock, key_id, link_weight, open_graph, remember, state
+from engine_helpers import DAY, START, FakeClock, StoreAt, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import transfer
@@ -80,20 +81,20 @@ def populate(graph: MemoryGraph, clock: FakeClock) -> dict[str, str]:  # noqa: F
 
 def fresh_graph(
     tmp_path: Path,
+    new_store: Callable[[str], StoreAt],
     name: str,
     embedder: Embedder,
     analyzer: Analyzer,  # noqa: F811
     clock: FakeClock,
 ) -> MemoryGraph:  # noqa: F811
-    directory = tmp_path / name
-    return open_graph(
-        directory / "keymem.db", embedder, Settings(data_dir=directory), clock, analyzer
-    )
+    """The engine over a new, empty store of the test's backend."""
+    return open_graph(new_store(name), embedder, Settings(data_dir=tmp_path / name), clock, analyzer)
 
 
 def test_export_then_import_into_a_fresh_store_gives_the_same_export(
     graph: MemoryGraph,
     tmp_path: Path,
+    new_store: Callable[[str], StoreAt],
     embedder: Embedder,
     analyzer: Analyzer,  # noqa: F811
     clock: FakeClock,
@@ -106,7 +107,7 @@ def test_export_then_import_into_a_fresh_store_gives_the_same_export(
     assert any(a["learned"] for k in exported["keys"] for a in k["aliases"])
     assert exported["relations"] and exported["links"]
     text = json.dumps(exported, ensure_ascii=False)
-    other = fresh_graph(tmp_path, "copy", embedder, analyzer, clock)
+    other = fresh_graph(tmp_path, new_store, "copy", embedder, analyzer, clock)
     try:
         report = transfer.import_data(other, json.loads(text))
         assert report["imported"]["memories"] == 7
@@ -126,13 +127,14 @@ def test_export_then_import_into_a_fresh_store_gives_the_same_export(
 def test_an_export_with_vectors_round_trips_without_re_embedding(
     graph: MemoryGraph,
     tmp_path: Path,
+    new_store: Callable[[str], StoreAt],
     embedder: Embedder,
     analyzer: Analyzer,  # noqa: F811
     clock: FakeClock,
 ) -> None:  # noqa: F811
     populate(graph, clock)
     exported = transfer.export(graph, include_vectors=True)
-    other = fresh_graph(tmp_path, "copy", embedder, analyzer, clock)
+    other = fresh_graph(tmp_path, new_store, "copy", embedder, analyzer, clock)
     try:
         transfer.import_data(other, exported)
         assert transfer.export(other, include_vectors=True) == exported

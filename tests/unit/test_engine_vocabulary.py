@@ -17,6 +17,7 @@ from keymem_daemon.store.sqlite.database import Store
 from keymem_daemon.store.sqlite.search import Vocabulary
 
 _MATCH = "SELECT COUNT(*) FROM memory_fts WHERE memory_fts MATCH ?"
+SQLITE_VOCABULARY = "the SQLite store's in-memory copy of its FTS5 vocabulary (store.sqlite.search.Vocabulary)"
 
 
 def _vocabulary(graph: MemoryGraph) -> Vocabulary:
@@ -32,6 +33,7 @@ def _indexed(graph: MemoryGraph, token: str) -> int:
     return int(db_read(store, lambda conn: conn.execute(_MATCH, (f'"{token}"',)).fetchone()[0]))
 
 
+@pytest.mark.sqlite_only(SQLITE_VOCABULARY)
 def test_a_remembered_memory_counts_in_the_very_next_read_and_a_forgotten_one_stops(graph: MemoryGraph) -> None:
     remember(graph, "The zanzibar cluster runs the nightly export", ["zanzibar cluster"])
     assert graph.token_stats(["zanzibar"])[0] == {"zanzibar": 1}
@@ -55,6 +57,7 @@ def test_a_memory_remembered_is_surfaced_by_the_next_inject_and_gone_after_forge
     assert push.inject(graph, prompt, scope=None).memories == []
 
 
+@pytest.mark.sqlite_only(SQLITE_VOCABULARY)
 def test_a_write_that_fails_after_changing_the_index_leaves_the_frequencies_as_they_were(
         graph: MemoryGraph) -> None:
     remember(graph, "The marmot service keeps its state in Redis", ["marmot service", "Redis"])

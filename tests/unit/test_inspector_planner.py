@@ -28,6 +28,7 @@ def _analysed_tables(path: Path) -> set[str]:
         conn.close()
 
 
+@pytest.mark.sqlite_only("SQLite's planner statistics (sqlite_stat1, ANALYZE); PostgreSQL's autovacuum keeps its own")
 def test_an_import_and_the_cleanup_leave_planner_statistics_for_memories_and_links(
         graph: MemoryGraph, clock: FakeClock, tmp_path: Path) -> None:
     service = Service(Settings(data_dir=tmp_path), clock=clock)

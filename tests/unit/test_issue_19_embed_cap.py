@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_helpers import FakeClock, StoreAt, open_graph
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.limits import EMBED_MAX_CHARS
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
-from keymem_daemon.store.opening import open_sqlite
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,10 +46,9 @@ def test_a_long_unbroken_token_is_embedded_from_its_first_characters_only(use: U
     np.testing.assert_allclose(vector[0], use.embed([token[:EMBED_MAX_CHARS]])[0], atol=1e-6)
 
 
-def test_remember_of_a_long_memory_embeds_a_capped_body(tmp_path: Path, use: UseEmbedder) -> None:
+def test_remember_of_a_long_memory_embeds_a_capped_body(tmp_path: Path, store_at: StoreAt, use: UseEmbedder) -> None:
     recording = Recording(use)
-    settings = Settings(data_dir=tmp_path)
-    graph = MemoryGraph.over(open_sqlite(settings, tmp_path / "keymem.db"), CachedEmbedder(recording), settings)  # type: ignore[arg-type]
+    graph = open_graph(store_at, CachedEmbedder(recording), Settings(data_dir=tmp_path), FakeClock())  # type: ignore[arg-type]
     try:
         content = "deploy the billing service with docker on port 8080. " * 360  # ~19,000 characters
         request = graph.prepare(content=content, keys=["deploy", "billing"])

@@ -96,6 +96,14 @@ class Maintenance(Versions):
             return
         count = self.store.read(lambda reader: reader.key_count())
         if fingerprint is not None and count:
+            if self.store.shared:
+                # Its key vectors are every daemon's: re-embedding them for one daemon's model
+                # would leave the others comparing their queries with another model's vectors.
+                raise StoreError(
+                    f"the shared store is embedded with {fingerprint.removeprefix(PARTIAL)} but this daemon's "
+                    f"embedder is {self.embedder.fingerprint}; every daemon of a team must use the same "
+                    "embedder (KEYMEM_EMBED_MODEL): switch this one back"
+                )
             if not self.settings.auto_migrate:
                 was = (f"half re-embedded for {fingerprint.removeprefix(PARTIAL)}"
                        if fingerprint.startswith(PARTIAL) else f"embedded with {fingerprint}")
