@@ -47,12 +47,17 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-WRITE_ATTEMPTS: Final = 8
-"""Runs of one write before giving up: each refusal means another daemon's write just won,
-so a handful of daemons contending for one row settle in a few attempts."""
+WRITE_ATTEMPTS: Final = 30
+"""Runs of one write before giving up: each refusal means another write just won. PostgreSQL
+tracks serializable reads by index page, so writes that share no row still refuse each other
+now and then: eight clients remembering at once through two daemons lost one write in a few
+hundred after 8 attempts (tests/postgres/test_team_writers.py), none with this many."""
 RETRY_BACKOFF: Final = 0.005
 """Seconds before the first retry, doubling (with jitter) each time: long enough for the
 winning transaction to commit, short against a remember's 30 ms budget."""
+RETRY_BACKOFF_MAX: Final = 0.1
+"""The longest wait between two runs: past it, the waits would add up to seconds without
+making a winner any likelier (the contenders have committed by then)."""
 POOL_SIZE: Final = 4
 """Connections per daemon: the HTTP worker threads' concurrent units, not more (the server's
 max_connections is shared by every daemon of the team)."""
@@ -155,6 +160,10 @@ class PostgresRepository:
                     conn.read_only = False
                     writer = PgWriter(conn)
                     with conn.transaction():
+                        # A sequential scan makes a serializable transaction conflict with every
+                        # write to that table (PostgreSQL's docs: encourage index scans), and on
+                        # small tables the planner picks one for nearly every lookup.
+                        conn.execute("SET LOCAL enable_seqscan = off")
                         result = fn(writer)
             except _RETRYABLE as exc:
                 if attempt == WRITE_ATTEMPTS:
@@ -162,7 +171,7 @@ class PostgresRepository:
                                    f"concurrent writes ({exc.sqlstate}); try again") from None
                 logger.debug("write refused (%s), attempt %d of %d", exc.sqlstate, attempt, WRITE_ATTEMPTS)
                 time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
-                delay *= 2
+                delay = min(delay * 2, RETRY_BACKOFF_MAX)
                 continue
             except errors.InsufficientPrivilege as exc:
                 # Row-level security: the namespace was not granted to this role for writing.
