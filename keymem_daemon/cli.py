@@ -263,6 +263,7 @@ def status(state: CliState, as_json: bool) -> None:
         "uptime_s": round(time.time() - info.started_at, 1),
         "data_dir": info.data_dir,
         "store": stats.get("store"),
+        "stores": stats.get("stores"),
         "embedder": stats.get("embedder") or info.embedder,
         "memories": stats.get("memories"),
         "keys": stats.get("keys"),
@@ -288,6 +289,11 @@ def status(state: CliState, as_json: bool) -> None:
         lines.append(f"  store at:  {data['store']}")
     if data["memories"] is not None:
         lines.append(f"  store:     {data['memories']} memories, {data['keys']} keys, {data['links']} links")
+    for part in data["stores"] or []:  # personal namespaces in SQLite, team ones in PostgreSQL
+        counts = part.get("counts")
+        held = (f"{counts['memories']} memories, {counts['keys']} keys, {counts['links']} links" if counts
+                else "does not answer")
+        lines.append(f"    {part['store']}: {held}")
     if data["embedder"]:
         lines.append(f"  embedder:  {data['embedder']}")
     if isinstance(data["reranker"], dict):
@@ -658,7 +664,7 @@ def restore(state: CliState, backup: Path | None, no_start: bool, as_json: bool)
     from keymem_daemon import backups
 
     settings = state.settings()
-    if settings.store_url is not None:
+    if settings.store_url is not None and not settings.federated:  # federated: the local half is SQLite's
         raise click.ClickException(f"KEYMEM_STORE_URL is set: the store is {settings.store_description}, whose "
                                    "server keeps and backs up the data (pg_dump / pg_restore); keymemd restore puts "
                                    "back SQLite backups only")

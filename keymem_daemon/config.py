@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +169,34 @@ def describe_store_url(url: str) -> str:
     return f"postgresql {host}:{port}/{unquote(database)} as {role}"
 
 
+_TEAM_NAMESPACE: Final = re.compile(r"[\w .:/@-]*")
+"""What a namespace named in KEYMEM_TEAM_NAMESPACES may hold: a quote or a ! left over from
+the shell would map a namespace nobody writes to, silently."""
+
+
+def parse_team_namespaces(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated namespace names, each optionally ending in ``*`` (a prefix): the
+    namespaces that live in the PostgreSQL store while every other stays in the local SQLite
+    one. Compared casefolded, as namespaces are (``federation.NamespaceRouter`` applies the
+    engine's full normalisation)."""
+    patterns: list[str] = []
+    for index, part in enumerate(raw.split(",")):
+        entry = part.strip()
+        if not entry:
+            raise ConfigError(f"{name}={raw!r}: entry {index + 1} is empty (names or prefixes like team-*, "
+                              "separated by commas)")
+        if "*" in entry[:-1]:
+            raise ConfigError(f"{name}={raw!r}: {entry!r} may hold '*' only at its end (a prefix such as team-*)")
+        if not _TEAM_NAMESPACE.fullmatch(entry.removesuffix("*")):
+            raise ConfigError(f"{name}={raw!r}: {entry!r} is not a namespace name (letters, digits, spaces and "
+                              "- _ . : / @, with an optional * at the end)")
+        if entry == "*":
+            raise ConfigError(f"{name}={raw!r}: '*' maps every namespace to PostgreSQL; unset {name} for that "
+                              "(KEYMEM_STORE_URL alone puts the whole store there)")
+        patterns.append(entry)
+    return tuple(dict.fromkeys(patterns))
+
+
 @dataclass(frozen=True, slots=True)
 class Variable:
     """One environment variable: the Settings field it sets, its parser and its meaning."""
@@ -289,6 +318,12 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "Team memory: a postgresql://ROLE[:PASSWORD]@HOST:PORT/DATABASE URL puts the store on "
              "that PostgreSQL server (the password may instead come from PGPASSFILE or PGPASSWORD; "
              "it is never logged or shown). Unset: the embedded SQLite store <data>/keymem.db."),
+    Variable("KEYMEM_TEAM_NAMESPACES", "team_namespaces", parse_team_namespaces,
+             "(unset: with KEYMEM_STORE_URL, every namespace in PostgreSQL)",
+             "Team memory with a local half: comma-separated namespaces (team-* for a prefix) that "
+             "live in the PostgreSQL store at KEYMEM_STORE_URL; every other namespace stays in the "
+             "local SQLite store <data>/keymem.db, and recall, the prompt hook and the tools span "
+             "both. Needs KEYMEM_STORE_URL."),
     Variable("KEYMEM_HOST_CWD", "host_cwd", _text, "(the shim's working directory)",
              "The user's project directory as the shim reports it; the plugin launcher sets it "
              "(Codex starts plugin servers inside the plugin). Set but empty: report none."),
@@ -352,6 +387,7 @@ class Settings:
     host_cwd: str | None = None
     # Holds the password when the URL carries one: out of repr, so a logged Settings shows none.
     store_url: str | None = field(default=None, repr=False)
+    team_namespaces: tuple[str, ...] | None = None
     # Host transcript roots (CLAUDE_CONFIG_DIR / CODEX_HOME); not KEYMEM_ variables.
     claude_dir: Path = field(default_factory=lambda: Path("~/.claude").expanduser())
     codex_dir: Path = field(default_factory=lambda: Path("~/.codex").expanduser())
@@ -374,6 +410,10 @@ class Settings:
         values["claude_dir"] = Path(environ.get("CLAUDE_CONFIG_DIR") or home / ".claude")
         values["codex_dir"] = Path(environ.get("CODEX_HOME") or home / ".codex")
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if values.get("team_namespaces") and values.get("store_url") is None:
+            raise ConfigError("KEYMEM_TEAM_NAMESPACES is set but KEYMEM_STORE_URL is not: the team namespaces "
+                              "need the PostgreSQL store they live in (set KEYMEM_STORE_URL, or unset "
+                              "KEYMEM_TEAM_NAMESPACES to keep every namespace in the local SQLite store)")
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -389,7 +429,16 @@ class Settings:
         """Which store this configuration uses, as status and /health say it."""
         if self.store_url is None:
             return f"sqlite {self.db_path}"
+        if self.federated:
+            return (f"sqlite {self.db_path}, and {describe_store_url(self.store_url)} for the namespaces "
+                    f"{', '.join(self.team_namespaces or ())}")
         return describe_store_url(self.store_url)
+
+    @property
+    def federated(self) -> bool:
+        """Personal namespaces in the local SQLite store, team ones (``team_namespaces``) in
+        PostgreSQL: the daemon serves from both (``federation.py``)."""
+        return self.store_url is not None and bool(self.team_namespaces)
 
     @property
     def info_path(self) -> Path:

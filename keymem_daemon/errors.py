@@ -13,6 +13,7 @@
     ├── UnsupportedMediaType    415 unsupported_media_type  a request body that is not JSON
     ├── NotReady                503 not_ready      models or store still loading
     ├── StoreError              500 store_error    the database refused (corrupt, newer schema)
+    │   └── StoreUnavailable    500 store_unavailable  the shared store's server does not answer
     ├── ModelError              503 model_error    a model could not be loaded or fetched
     ├── ConfigError             500 config_error   a KEYMEM_* variable has a bad value
     └── DaemonNotRunning        503 daemon_down    client side: no live daemon for this data dir
@@ -119,6 +120,13 @@ class StoreError(KeymemError):
 
     status = 500
     code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The PostgreSQL server of a shared store does not answer (stopped, unreachable): nothing
+    was written; reads are served from the daemon's local replica where it has one."""
+
+    code = "store_unavailable"
 
 
 class ModelError(KeymemError):

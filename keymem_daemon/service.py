@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from keymem_daemon import activity_log, backups, transcripts
-from keymem_daemon.config import Settings
+from keymem_daemon import activity_log, backups, federation, runtime, transcripts
+from keymem_daemon.config import Settings, describe_store_url
 from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads import hybrid, query
@@ -29,6 +29,7 @@ from keymem_daemon.engine.records import IdempotencyKey, Stats, omit, render
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, KeymemError, NotFound, NotReady, StoreError
 from keymem_daemon.mcp import instructions, tools
+from keymem_daemon.store import opening
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,10 @@ State = Literal["starting", "ready", "failed"]
 IMPORT_SUMMARY_CHARS: Final = 200
 """An import's counts in the activity log's one-line summary (the full result is its detail)."""
 Clock = Callable[[], float]
+FOLLOWER_CONNECT_TIMEOUT: Final = 5.0
+"""Seconds a federated start waits for the team store's change follower to connect: the store
+has just answered the load, so it connects at once; past this the start goes on (its reads
+answer from the local store until the follower connects)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,11 @@ class DaemonStats:
     downloads: dict[str, Any] | None = None
     stale: str | None = None
     """Why the counts and what recall serves may lag a shared store that does not answer."""
+    stores: list[federation.StoreStats] | None = None
+    """Each store's own counts, when personal and team namespaces live apart (``counts`` is
+    their sum)."""
+    replica: str | None = None
+    """A shared store's local read replica: ``filling`` or ``ready`` (its path follows)."""
 
     def as_dict(self) -> dict[str, Any]:
         """One flat JSON object: the store's counts beside the daemon's own fields, and no
@@ -91,7 +101,7 @@ class DaemonStats:
         if self.counts is not None:
             out.update(render(self.counts))
         for name in ("embedder", "korean_analyzer", "learned_words", "embedder_note", "reranker", "downloads",
-                     "stale"):
+                     "stale", "stores", "replica"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = render(value)
@@ -147,6 +157,8 @@ class Service:
         self.detail: str | None = None
         self.started_at = clock()
         self.graph: MemoryGraph | None = None
+        # Personal namespaces in SQLite (``graph``), team ones in PostgreSQL (KEYMEM_TEAM_NAMESPACES).
+        self.federation: federation.Federation | None = None
         self.embedder_note: str | None = None
         self.reranker: Any = None
         self.progress: Any = None
@@ -157,8 +169,9 @@ class Service:
         self._start_warnings: list[str] = []
         # Where the copy of a store deleted under the daemon was saved (``watch_store``).
         self._rescued: str | None = None
-        # The shared store's change-log follower (KEYMEM_STORE_URL only).
+        # The shared store's change-log follower and its repository (KEYMEM_STORE_URL only).
         self._follower: Any = None
+        self._team: Any = None
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
         # What the push path surfaced in each host session, so it says nothing twice.
         self.sessions = push.SessionMemory(ttl=settings.inject_session_ttl, clock=clock)
@@ -184,17 +197,33 @@ class Service:
             # auto/true: use the cached model, or fetch it in the background (never blocking).
             self.reranker.start()
             reranker = self.reranker if self.settings.rerank != "false" else None
-            if self.settings.store_url is not None:
-                graph = self._open_team_store(CachedEmbedder(embedder), reranker)
+            cached = CachedEmbedder(embedder)
+            if self.settings.store_url is not None and not self.settings.federated:
+                graph = self._open_team_store(cached, reranker)
             else:
-                graph = MemoryGraph.open(
-                    self.settings.db_path, CachedEmbedder(embedder), self.settings, clock=self.clock,
+                graph = MemoryGraph.over(
+                    opening.open_sqlite(self.settings), cached, self.settings, clock=self.clock,
                     reranker=reranker, progress=self._re_embedding)
                 self._compare_with_backups(graph)
-            if graph.has_hangul_content():
+                if self.settings.federated:
+                    try:
+                        self.federation = federation.Federation(
+                            graph, self._open_team_store(cached, reranker), self.settings,
+                            team_answers=lambda: self.stale() is None)
+                        # Reads over both stores skip the team one while its follower is not
+                        # connected: give the follower a moment to connect the first time.
+                        follower = self._follower
+                        runtime.poll_until(lambda: follower.connected or None,
+                                           time.monotonic() + FOLLOWER_CONNECT_TIMEOUT)
+                    except BaseException:
+                        graph.close()
+                        raise
+            graphs = self.federation.graphs if self.federation is not None else (graph,)
+            if any(g.has_hangul_content() for g in graphs):
                 default_analyzer().preload_kiwi()
             # One query end to end, so the first real request does not pay for cold caches.
-            hybrid.hybrid_recall(graph, "warm up", reinforce=False)
+            for each in graphs:
+                hybrid.hybrid_recall(each, "warm up", reinforce=False)
             self.activity = activity_log.ActivityLog(graph.store, self.settings.activity_log, clock=self.clock)
             self.graph = graph
             self.detail = None
@@ -210,38 +239,49 @@ class Service:
         date), following its change log from before the load so that no other daemon's write
         is missed: what it changes reaches this daemon's in-memory tables."""
         from keymem_daemon.store.postgres.changes import ChangeFollower
-        from keymem_daemon.store.postgres.repository import PostgresRepository
+        from keymem_daemon.store.postgres.offline import REPLICA_FILE, FailoverRepository, Replica
 
         url = self.settings.store_url
         assert url is not None
-        store = PostgresRepository.open(url)
+        server = opening.open_postgres(url)
         try:
-            cursor = store.change_cursor()
+            cursor = server.change_cursor()
+            # Reads while the server does not answer come from a local copy (offline.py).
+            store = FailoverRepository(server, Replica.create(self.settings.data_dir / REPLICA_FILE, server))
         except BaseException:
-            store.close()
+            server.close()
             raise
         graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
                                  progress=self._re_embedding)
-        self._follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, batch))
+        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
         self._follower.start()
+        store.replica.fill_in_background()
+        self._team = store
         return graph
 
     @staticmethod
-    def _follow(graph: MemoryGraph, batch: list[Any]) -> None:
-        """Apply a batch of the change log (``store.postgres.changes.Change``) to the tables."""
+    def _follow(graph: MemoryGraph, store: Any, batch: list[Any]) -> None:
+        """Apply a batch of the change log (``store.postgres.changes.Change``) to the tables
+        (reading the server, whatever ``store`` serves other reads from) and the replica."""
         # A link whose weight changed (recall reinforces the links it used) changes none of them.
         memories = [c.id for c in batch if c.kind in ("memory", "relation") or (c.kind == "link" and c.op != "update")]
         keys = [c.id for c in batch if c.kind in ("key", "alias")]
         if memories or keys:
-            graph.follow_changes(memories, keys)
+            removals = any(c.op == "delete" and c.kind in ("memory", "link") for c in batch)
+            with store.from_server():
+                graph.follow_changes(memories, keys, removals=removals)
+        store.replica.apply(batch)
 
     def stale(self) -> str | None:
         """Why what this daemon serves may lag the shared store (None: it follows it)."""
-        follower = self._follower
-        if follower is None or follower.connected:
+        team = self._team
+        why = team.offline() if team is not None else None
+        if why is None:
             return None
-        return (f"possibly stale: the store at {self.settings.store_description} does not answer; reads come "
-                "from what this daemon holds and writes fail until it is back (it reconnects by itself)")
+        reads = ("reads come from this daemon's local replica" if team.replica.ready else
+                 "reads fail too (this daemon's local replica is not filled yet)")
+        return (f"possibly stale: the store at {self.settings.store_description} does not answer ({why}); {reads} "
+                "and writes fail until it is back (it reconnects by itself)")
 
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
         """A start on a store without memories next to a backup with some says so loudly: the
@@ -300,9 +340,12 @@ class Service:
         if self.reranker is not None:
             self.reranker.close()
         graph, self.graph = self.graph, None
+        federated, self.federation = self.federation, None
         log, self.activity = self.activity, None
         if log is not None:
             log.close()
+        if federated is not None:
+            federated.close()
         if graph is not None:
             graph.close()
 
@@ -348,14 +391,21 @@ class Service:
         idempotency = IdempotencyKey.of_call(idempotency_key, name, arguments) \
             if idempotency_key and name in tools.WRITE_TOOLS else None
         graph = self.ready_graph()
-        ctx = tools.Context(graph, self.settings, host, idempotency)
+        federated = self.federation
         logged = self.activity is not None and self.activity.enabled and name in activity_log.LOGGED_TOOLS
         args = arguments if isinstance(arguments, Mapping) else {}
         forgotten = None
         if logged and name == "forget" and isinstance(args.get("memory_id"), str):
-            memory = graph.store.read(lambda reader: reader.memory(args["memory_id"]))
+            owner = federated.for_memory(args["memory_id"]) if federated is not None else graph
+            memory = owner.store.read(lambda reader: reader.memory(args["memory_id"]))
             forgotten = memory.content if memory is not None else None
-        outcome = tools.call_tool(ctx, name, arguments)
+        if federated is not None:
+            outcome = federated.call_tool(name, arguments, host, idempotency)
+        else:
+            outcome = tools.call_tool(tools.Context(graph, self.settings, host, idempotency), name, arguments)
+        stale = self.stale()
+        if stale is not None and isinstance(outcome.result, dict):
+            outcome = dataclasses.replace(outcome, result={**outcome.result, "stale": stale})
         if logged and not outcome.is_error and self.activity is not None:
             entry = activity_log.describe_tool_call(name, args, outcome.result, forgotten=forgotten,
                                                     actor=actor or host.agent or "agent")
@@ -366,7 +416,7 @@ class Service:
     def stats_line(self) -> str:
         if self.graph is None:
             return "still loading"
-        return self.graph.stats().summary()
+        return (self.federation.stats() if self.federation is not None else self.graph.stats()).summary()
 
     def instructions(self, *, hook_installed: bool | None = None) -> str:
         """``hook_installed``: what the calling host says (None: the daemon's setting)."""
@@ -415,8 +465,16 @@ class Service:
             project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
         session = self.sessions.view(request.session_id) if request.session_id else None
-        result = push.inject(graph, request.prompt, scope=scope, top_k=limits.INJECT_TOP_K.clamp(request.top_k),
-                             max_chars=limits.INJECT_MAX_CHARS.clamp(max_chars), project=project, session=session)
+        top_k, max_chars = limits.INJECT_TOP_K.clamp(request.top_k), limits.INJECT_MAX_CHARS.clamp(max_chars)
+        if self.federation is not None:
+            result = self.federation.inject(request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
+                                            project=project, session=session)
+        else:
+            result = push.inject(graph, request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
+                                 project=project, session=session)
+        stale = self.stale()
+        if stale is not None:
+            result = dataclasses.replace(result, stale=stale)
         if request.session_id and result.skipped is None:
             self.sessions.record(request.session_id, [m.id for m in result.memories])
         if self.activity is not None and self.activity.enabled:
@@ -431,11 +489,12 @@ class Service:
         if self.graph is not None:
             from keymem_daemon.engine.text import default_analyzer
 
-            try:
-                counts: Stats | None = self.graph.stats()
-            except StoreError:
-                counts = None  # a shared store that does not answer: ``stale`` says so
-            loaded = {"counts": counts, "embedder": self.graph.embedder.fingerprint,
+            stores = self._store_stats()
+            counts = stores[0].counts if len(stores) == 1 else None
+            if len(stores) > 1 and all(s.counts is not None for s in stores):
+                counts = federation.sum_stats([s.counts for s in stores if s.counts is not None])
+            loaded = {"counts": counts, "stores": stores if len(stores) > 1 else None,
+                      "embedder": self.graph.embedder.fingerprint,
                       "korean_analyzer": "loaded" if default_analyzer().kiwi_loaded else "not loaded (no Korean yet)",
                       "learned_words": sorted(self.graph.analyzer.learned)}
         return DaemonStats(
@@ -443,10 +502,34 @@ class Service:
             self.settings.store_description, **loaded,
             embedder_note=self.embedder_note or None,
             reranker=self.reranker.status() if self.reranker is not None else None,
-            downloads=self.progress.as_dict() if self.progress is not None else None, stale=self.stale())
+            downloads=self.progress.as_dict() if self.progress is not None else None, stale=self.stale(),
+            replica=self._team.replica.describe() if self._team is not None else None)
+
+    def _store_stats(self) -> list[federation.StoreStats]:
+        """Each store's counts (None for a shared store that does not answer: ``stale`` says so)."""
+        assert self.graph is not None
+        named = [(self.settings.store_description, self.graph)]
+        if self.federation is not None and self.settings.store_url is not None:
+            named = [(f"sqlite {self.settings.db_path}", self.federation.local),
+                     (describe_store_url(self.settings.store_url), self.federation.team)]
+        out = []
+        for where, graph in named:
+            try:
+                counts: Stats | None = graph.stats()
+            except StoreError:
+                counts = None
+            out.append(federation.StoreStats(where, counts))
+        return out
 
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
-        return transfer.export(self.ready_graph(), include_vectors=include_vectors)
+        """The store's export; with team namespaces apart, the local store's (as importable as
+        ever), the team store's under ``team``, each naming its store."""
+        out = transfer.export(self.ready_graph(), include_vectors=include_vectors)
+        if self.federation is not None and self.settings.store_url is not None:
+            out["store"] = f"sqlite {self.settings.db_path}"
+            out["team"] = {"store": describe_store_url(self.settings.store_url),
+                           **transfer.export(self.federation.team, include_vectors=include_vectors)}
+        return out
 
     def import_(self, data: Any, *, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -497,7 +580,9 @@ class Service:
             yield line
 
     def cleanup(self) -> dict[str, Any]:
-        result: dict[str, Any] = render(self.ready_graph().cleanup_expired())
+        graph = self.ready_graph()
+        result: dict[str, Any] = render(self.federation.cleanup_expired() if self.federation is not None
+                                        else graph.cleanup_expired())
         if self.activity is not None:
             result["pruned_activity"] = self.activity.prune()
         self.ready_graph().store.analyze()
@@ -512,7 +597,7 @@ class Service:
         graph = self.graph
         if graph is None or graph.store.check_files() is not None:
             return None  # a store deleted under the daemon is saved once, by watch_store
-        if self.settings.store_url is not None:
+        if self.settings.store_url is not None and self.federation is None:
             return None  # the PostgreSQL server keeps the data: its own backups (pg_dump) apply
         target = self.settings.backup_dir / f"keymem-{backups.stamp(self.clock())}.db"
         graph.store.backup_to(target)

@@ -32,6 +32,7 @@ from keymem_daemon.engine import transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.ports import Repository, Writer
 from keymem_daemon.errors import Conflict, KeymemError, StoreError
+from keymem_daemon.store import opening
 
 MIGRATION_META: Final = "migrated_from"
 """The target's meta entry naming the migration that fills it (``host:path`` of the source)."""
@@ -96,7 +97,6 @@ def _claim(store: Repository, identity: str, where: str) -> bool:
 def migrate_store(settings: Settings, url: str, *, progress: Progress) -> Migration:
     """Copy ``settings``' SQLite store into the PostgreSQL store at ``url`` and verify it."""
     from keymem_daemon.inference.embedders import load_embedder_or_default
-    from keymem_daemon.store.postgres.repository import PostgresRepository
 
     started = time.monotonic()
     where = describe_store_url(url)
@@ -111,9 +111,9 @@ def migrate_store(settings: Settings, url: str, *, progress: Progress) -> Migrat
                        "then migrate again") from None
     try:
         embedder, _ = load_embedder_or_default(settings)
-        source = MemoryGraph.open(source_path, embedder, settings)
+        source = MemoryGraph.over(opening.open_sqlite(settings, source_path), embedder, settings)
         try:
-            repository = PostgresRepository.open(url)
+            repository = opening.open_postgres(url)
             try:
                 resumed = _claim(repository, f"{socket.gethostname()}:{source_path}", where)
             except BaseException:

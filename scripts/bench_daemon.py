@@ -136,7 +136,7 @@ class Daemon:
         self.process: subprocess.Popen[bytes] | None = None
         self.info: runtime.DaemonInfo | None = None
 
-    def start(self) -> float:
+    def start(self, timeout: float = READY_TIMEOUT) -> float:
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "keymem_daemon", "run", "--background"],
@@ -145,7 +145,7 @@ class Daemon:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        self.info = runtime.wait_until_ready(self.data_dir, timeout=READY_TIMEOUT, process=self.process)
+        self.info = runtime.wait_until_ready(self.data_dir, timeout=timeout, process=self.process)
         return time.perf_counter() - started
 
     def client(self) -> httpx.Client:

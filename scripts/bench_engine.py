@@ -48,11 +48,12 @@ def build(size: int) -> tuple[Path, float]:
     from keymem_daemon.engine import transfer
     from keymem_daemon.engine.graph import MemoryGraph
     from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
+    from keymem_daemon.store.opening import open_store
 
     single_threaded_blas()
     data = Path(tempfile.mkdtemp(prefix=f"keymem-bench-{size}-"))
     settings = Settings(data_dir=data, rerank="false")
-    graph = MemoryGraph.open(settings.db_path, CachedEmbedder(UseEmbedder()), settings)
+    graph = MemoryGraph.over(open_store(settings), CachedEmbedder(UseEmbedder()), settings)
     t0 = time.perf_counter()
     transfer.import_data(graph, generate(size))
     seconds = time.perf_counter() - t0
@@ -68,6 +69,7 @@ def measure(data: Path, ops: int) -> dict[str, Any]:
     from keymem_daemon.engine.reads.hybrid import hybrid_recall
     from keymem_daemon.engine.reads.recall import recall
     from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder, single_threaded_blas
+    from keymem_daemon.store.opening import open_store
 
     # As the daemon does: allocator settings, one BLAS thread, the piece table on disk.
     allocators.configure()
@@ -76,7 +78,7 @@ def measure(data: Path, ops: int) -> dict[str, Any]:
     embedder = CachedEmbedder(UseEmbedder(settings.models_dir))
     before = rss_mb()
     t0 = time.perf_counter()
-    graph = MemoryGraph.open(settings.db_path, embedder, settings)
+    graph = MemoryGraph.over(open_store(settings), embedder, settings)
     graph.analyzer.preload_kiwi()  # the store holds Korean: the daemon loads Kiwi at start
     load = time.perf_counter() - t0
     after_load = rss_mb()

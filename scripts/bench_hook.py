@@ -1,6 +1,6 @@
 """Push-path latency: the prompt hook end to end, and ``POST /v1/inject``, at 1k and 10k memories.
 
-    python scripts/bench_hook.py [--sizes 1000,10000] [--inject-rounds 5] [--hook-runs 60]
+    python scripts/bench_hook.py [--sizes 1000,10000] [--inject-rounds 5] [--hook-runs 60] [--stages]
                                  [--python /usr/bin/python3] [--out bench-out/hook.json]
 
 For each size a fresh daemon (``keymemd start``, reranker off) on a temporary data dir is
@@ -18,7 +18,11 @@ whose keys repeat the way an agent's do (a handful of hubs such as ``PostgreSQL`
   no-req   the hook fed a slash command: everything but the request (start, parse, exit);
   baseline with ``--baseline-hook FILE`` (another version of the hook, e.g.
            ``git show main:hooks/keymem_hook.py > /tmp/hook-main.py``), run interleaved with
-           this one against the same daemon, so what a change costs reads off as a ratio.
+           this one against the same daemon, so what a change costs reads off as a ratio;
+  stages   with ``--stages``: once the daemon stopped, its store opened in this process and
+           every prompt injected ``--inject-rounds`` times with a wall-clock span around each
+           stage of the push path (``STAGES``; nested, so a stage includes those under it),
+           printed as ms per inject: where the daemon's ``took_ms`` goes.
 
 The prompts are half about stored memories (English, Korean, and Korean prompts about
 memories stored in English), half unrelated. Injected size is the length of
@@ -28,6 +32,7 @@ memories stored in English), half unrelated. Injected size is the length of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -38,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_client import Http  # noqa: E402
+from bench_client import Http, InProcess  # noqa: E402
 from measure import percentile  # noqa: E402
 
 HOOK = ROOT / "hooks" / "keymem_hook.py"
@@ -316,6 +322,86 @@ def timed_process(command: list[str], stdin: bytes, env: dict[str, str]) -> tupl
     return elapsed, proc.stdout
 
 
+# The push path's stages timed by ``--stages``: (label, module, function), outermost first;
+# the label's indent says what it runs under.
+STAGES = [
+    ("judge", "keymem_daemon.engine.reads.inject", "judge"),
+    ("  condense", "keymem_daemon.engine.reads.inject", "condense"),
+    ("  heard_keys", "keymem_daemon.engine.reads.inject", "heard_keys"),
+    ("  plan_query", "keymem_daemon.engine.reads.inject", "plan_query"),
+    ("  hybrid_recall", "keymem_daemon.engine.reads.inject", "hybrid_recall"),
+    ("    score_keys", "keymem_daemon.engine.reads.hybrid", "score_keys"),
+    ("    _candidates", "keymem_daemon.engine.reads.hybrid", "_candidates"),
+    ("      lexical", "keymem_daemon.engine.reads.hybrid", "lexical"),
+    ("      dense", "keymem_daemon.engine.reads.hybrid", "dense"),
+    ("      key_members", "keymem_daemon.engine.reads.hybrid", "key_members"),
+    ("    _score", "keymem_daemon.engine.reads.hybrid", "_score"),
+    ("      coverage_scores", "keymem_daemon.engine.reads.hybrid", "coverage_scores"),
+    ("    _share_evidence", "keymem_daemon.engine.reads.hybrid", "_share_evidence"),
+    ("    _skip_repeats", "keymem_daemon.engine.reads.hybrid", "_skip_repeats"),
+    ("    _hits", "keymem_daemon.engine.reads.hybrid", "_hits"),
+    ("  _evidence", "keymem_daemon.engine.reads.inject", "_evidence"),
+]
+# Spans anywhere in the path (called from several stages): the embedder and the store's
+# document frequencies.
+CROSS_STAGES = [
+    ("embed (any stage)", "keymem_daemon.inference.embedders", "CachedEmbedder.embed"),
+    ("token_stats (any stage)", "keymem_daemon.engine.indexes", "GraphIndexes.token_stats"),
+]
+
+
+@contextlib.contextmanager
+def spans(targets: list[tuple[str, str, str]], totals: dict[str, float]) -> Iterator[None]:
+    """Wrap each (label, module, [Class.]function) so its wall time adds to ``totals[label]``;
+    restored on exit."""
+    import importlib
+
+    restore: list[tuple[Any, str, Any]] = []
+
+    def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - started
+        return run
+
+    try:
+        for label, module_name, name in targets:
+            owner: Any = importlib.import_module(module_name)
+            if "." in name:
+                cls_name, name = name.split(".")
+                owner = getattr(owner, cls_name)
+            original = getattr(owner, name)
+            setattr(owner, name, timed(original, label))
+            restore.append((owner, name, original))
+        yield
+    finally:
+        for owner, name, original in reversed(restore):
+            setattr(owner, name, original)
+
+
+def stage_times(data_dir: Path, prompts: list[str], rounds: int) -> dict[str, float]:
+    """ms per inject in each stage, on the store at ``data_dir`` opened in this process."""
+    from keymem_daemon.service import InjectRequest
+
+    client = InProcess(data_dir)
+    try:
+        requests = [InjectRequest(prompt=p, agent="claude") for p in prompts]
+        for request in requests[:5]:
+            client.service.inject(request)
+        totals: dict[str, float] = {}
+        with spans(STAGES + CROSS_STAGES, totals):
+            for _ in range(rounds):
+                for request in requests:
+                    client.service.inject(request)
+    finally:
+        client.close()
+    count = rounds * len(prompts)
+    return {label: round(totals.get(label, 0.0) / count * 1000, 2) for label, _, _ in STAGES + CROSS_STAGES}
+
+
 def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, Any]:
     notes = synthetic(size)
     prompts = prompts_for(notes, args.prompts)
@@ -377,6 +463,7 @@ def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, An
                 hook_chars.append(len(context))
         finally:
             daemon.close()
+        stages = stage_times(data_dir, prompts, args.inject_rounds) if args.stages else None
 
     related = prompts[: len(prompts) - len(UNRELATED)]
     sizes = [surfaced[p] for p in related if surfaced[p]]
@@ -392,6 +479,7 @@ def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, An
         "slowest_prompts_daemon_ms": sorted(
             ((round(statistics.median(v), 1), p) for p, v in per_prompt.items()), reverse=True
         )[:5],
+        "stages_ms_per_inject": stages,
         "hook_ms": percentiles(hook_ms),
         "bare_python_ms": percentiles(bare_ms),
         "hook_no_request_ms": percentiles(skip_ms),
@@ -441,6 +529,9 @@ def report(result: dict[str, Any]) -> str:
         "  slowest prompts (daemon median ms): "
         + "; ".join(f"{ms:g} {prompt!r}" for ms, prompt in result["slowest_prompts_daemon_ms"][:3]),
     ]
+    if result.get("stages_ms_per_inject"):
+        lines.append("  stages (in process, ms per inject; nested stages include those under them):")
+        lines += [f"    {label:<26} {ms:7.2f}" for label, ms in result["stages_ms_per_inject"].items()]
     return "\n".join(lines)
 
 
@@ -457,6 +548,8 @@ def main() -> None:
         "outside any venv, as a host's python3 would be)",
     )
     parser.add_argument("--baseline-hook", type=Path, help="another hook file, timed interleaved as the baseline")
+    parser.add_argument("--stages", action="store_true",
+                        help="also time the push path's stages in this process (see STAGES)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out" / "hook.json")
     args = parser.parse_args()
     if args.prompts <= len(UNRELATED):

@@ -53,6 +53,7 @@ def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[
     from keymem_daemon.engine.reads.hybrid import hybrid_recall
     from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
     from keymem_daemon.inference.reranker import RerankerManager
+    from keymem_daemon.store.opening import open_store
 
     config = Settings(data_dir=data, rerank_model_path=model, **settings)
     manager = None
@@ -74,7 +75,7 @@ def run(data: Path, model: Path, ops: int, label: str, **settings: Any) -> dict[
             return out
 
         manager.score = counted  # type: ignore[method-assign]
-    graph = MemoryGraph.open(config.db_path, CachedEmbedder(UseEmbedder()), config, reranker=manager)
+    graph = MemoryGraph.over(open_store(config), CachedEmbedder(UseEmbedder()), config, reranker=manager)
     graph.analyzer.preload_kiwi()
     times: dict[str, list[float]] = {"recall_memories": [], "inject": []}
     pairs: dict[str, list[int]] = {"recall_memories": [], "inject": []}

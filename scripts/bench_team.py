@@ -1,31 +1,41 @@
-"""Team memory's store layer, measured: the PostgreSQL repository beside the SQLite store in
-the same run, and how fast a change reaches another daemon's change-log follower.
+"""Team memory measured: PostgreSQL daemons beside a SQLite daemon, in the same run.
 
-    python scripts/bench_team.py [--writes 300] [--out bench-out/team.json]
+    python scripts/bench_team.py                                   # 10k and 100k memories, 2 daemons
+    python scripts/bench_team.py --sizes 2000 --daemons 3 --samples 50 --writes 100   # a short run
 
 Starts a throwaway PostgreSQL cluster as the tests do (tests/pg_cluster.py: initdb on a free
 port under a temp dir, as the unprivileged postgres user when run as root; fsync off, as
-there). Then, for each backend, ``--writes`` write units each storing one memory with a key,
-a link and its lexical-index row (what a remember writes, without the engine), and as many
-read units fetching one memory with its links; and, on PostgreSQL, the delay from a write's
-COMMIT through repository A to its arrival at a ChangeFollower (the other daemon), p50/p95.
-Baseline: the SQLite store's figures.
+there).
 
-Then, over HTTP (``--memories`` seeded, ``--samples`` timed calls; 0 skips it): a SQLite
-daemon and two daemons A and B on one PostgreSQL database (``KEYMEM_STORE_URL``, separate
-data dirs), each seeded with the same memories (through A for the shared store): remember
-and recall p50/p95 through each, and the propagation delay -- from sending a remember to A
-until a recall through B returns that memory -- p50/p95. Not yet measured: 3-4 daemons,
-100k memories, daemon RSS, and a new daemon's load time from the server.
-Targets from the issue: remember p95 <= 30 ms; recall within 1.5x of SQLite; propagation
-p95 <= 1 s.
+1. Store level: ``--writes`` write units each storing one memory with a key, a link and its
+   lexical-index row (what a remember writes, without the engine), and as many read units,
+   on the SQLite store and on the PostgreSQL repository; and the delay from a COMMIT through
+   repository A to its arrival at a ChangeFollower (another daemon's), p50/p95.
+2. Over HTTP, for each of ``--sizes``: a store of that many memories is built once in
+   process through the engine's import (keys embedded by the real embedder, memory vectors
+   derived from their keys' so that 100k memories need no 100k embeddings) into a SQLite
+   file, and copied table by table into a fresh PostgreSQL database with COPY. Then a SQLite
+   daemon on a copy of that file (the baseline) and ``--daemons`` (2-4) daemons on the one
+   PostgreSQL database (``KEYMEM_STORE_URL``, each its own data dir) start: time to ready
+   and the time each took to load its in-memory tables (its log's "loaded ... in"); remember
+   and recall p50/p95 through each (``--samples`` calls), with the ratio to SQLite's; the
+   propagation delay from a remember sent to daemon A until a recall through each other
+   daemon returns it, p50/p95; and each daemon's RSS afterwards.
+
+Targets (issue 22): remember p95 <= 30 ms; recall within 1.5x of SQLite; propagation p95 <=
+1 s; a new daemon loads 100k memories from the server in <= 10 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import random
+import re
+import shutil
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -33,17 +43,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_daemon import Daemon, call, memory, timed  # noqa: E402
-from measure import percentile  # noqa: E402
+from measure import percentile, rss_mb  # noqa: E402
 from pg_cluster import find_bindir, start_cluster, stop_cluster, unprivileged_user  # noqa: E402
 
+from keymem_daemon.config import Settings  # noqa: E402
+from keymem_daemon.engine import transfer  # noqa: E402
+from keymem_daemon.engine.graph import MemoryGraph  # noqa: E402
 from keymem_daemon.engine.ports import KeyRow, MemoryRow  # noqa: E402
+from keymem_daemon.inference.embedders import load_embedder_or_default  # noqa: E402
 from keymem_daemon.store.postgres import changes  # noqa: E402
 from keymem_daemon.store.postgres.repository import PostgresRepository  # noqa: E402
 from keymem_daemon.store.sqlite.database import Store  # noqa: E402
@@ -117,24 +133,106 @@ def _propagation(url: str, writes: int) -> dict[str, float]:
 PROPAGATION_POLL = 0.005
 """Seconds between recalls through B while waiting for A's memory (a recall takes ~10 ms)."""
 PROPAGATION_TIMEOUT = 30.0
+QUERIES = ["deploy", "cache", "Mina budget", "release 2.4 helm charts", "what does Joon think about coffee?",
+           "배포 일정", "who is responsible for the on-call rota"]
+# The tables a store's export holds, in an order their foreign keys accept (SQLite's names
+# and columns are PostgreSQL's: the schemas are the same).
+COPIED_TABLES = ("meta", "keys", "aliases", "memories", "links", "relations", "alias_candidates")
+READY_TIMEOUT = 600.0
+"""Seconds a daemon may take to load a 100k store on a machine shared by many (its figure is
+measured, not bounded, here)."""
+LOADED = re.compile(r"loaded (\d+) keys and (\d+) memory vectors in ([0-9.]+) s")
 
 
-def _http_figures(daemon: Daemon, rng: random.Random, memories: int, samples: int, seed: bool) -> dict[str, float]:
+def build_sqlite(path: Path, size: int) -> float:
+    """A SQLite store of ``size`` memories (bench_daemon's generator) through the engine's
+    import: each distinct key embedded once, each memory's vector the normalised sum of its
+    keys' (an embedding per memory would take longer than everything measured). Seconds."""
+    started = time.perf_counter()
+    rng = random.Random(7)
+    items = [memory(rng, i) for i in range(size)]
+    with tempfile.TemporaryDirectory() as home:
+        settings = Settings.from_env({"KEYMEM_DATA_DIR": home, "HOME": home, "KEYMEM_RERANK": "false"})
+        embedder, _ = load_embedder_or_default(settings)
+        concepts = sorted({key for item in items for key in item["keys"]})
+        vectors = dict(zip(concepts, embedder.embed(concepts), strict=True))
+        key_ids = {c: f"k{i}" for i, c in enumerate(concepts)}
+        kinds = {key: kind for item in items for key, kind in item["key_types"].items()}
+
+        def b64(vector: Any) -> str:
+            return base64.b64encode(np.asarray(vector, dtype=np.float32).tobytes()).decode()
+
+        memories, links = [], []
+        for i, item in enumerate(items):
+            body = np.sum([vectors[k] for k in item["keys"]], axis=0)
+            memories.append({"id": f"m{i}", "content": item["content"], "namespace": item["namespace"],
+                             "created_at": 1.7e9 + i, "vector": b64(body / np.linalg.norm(body))})
+            links += [{"key_id": key_ids[k], "memory_id": f"m{i}", "weight": 1.0, "auto": False}
+                      for k in item["keys"]]
+        data = {"format": transfer.FORMAT, "version": transfer.VERSION, "embedder": embedder.fingerprint,
+                "keys": [{"id": key_ids[c], "concept": c, "key_type": kinds.get(c, "concept"), "created_at": 1.7e9,
+                          "aliases": [], "vector": b64(vectors[c])} for c in concepts],
+                "memories": memories, "links": links, "relations": [], "alias_candidates": []}
+        graph = MemoryGraph.open(path, embedder, settings)
+        try:
+            transfer.import_data(graph, data)
+        finally:
+            graph.close()
+    return time.perf_counter() - started
+
+
+def copy_to_postgres(path: Path, url: str) -> float:
+    """The SQLite store at ``path`` into the empty PostgreSQL database at ``url``: keymem's
+    schema (PostgresRepository.open), then each table with COPY, the lexical index's tokens
+    from FTS5's table, with the change-log triggers off (nobody follows a store being built)
+    and the identity counters moved past the copied rowids. Seconds."""
+    started = time.perf_counter()
+    PostgresRepository.open(url).close()
+    lite = sqlite3.connect(path)
+    try:
+        with psycopg.connect(url) as conn:
+            for table in COPIED_TABLES:
+                conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER USER").format(sql.Identifier(table)))
+            for table in COPIED_TABLES:
+                columns = [r[1] for r in lite.execute(f"PRAGMA table_info({table})")]
+                copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
+                    sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+                with conn.cursor().copy(copy_sql) as copy:
+                    for row in lite.execute(f"SELECT {', '.join(columns)} FROM {table}"):  # noqa: S608 - our names
+                        copy.write_row(row)
+            with conn.cursor().copy("COPY memory_fts (memory_id, content_tokens, key_tokens) FROM STDIN") as copy:
+                for row in lite.execute("SELECT m.id, f.content_tokens, f.key_tokens FROM memory_fts f "
+                                        "JOIN memories m ON m.rowid = f.rowid"):
+                    copy.write_row(row)
+            for table in ("keys", "memories"):
+                conn.execute(sql.SQL("SELECT setval(pg_get_serial_sequence({}, 'rowid'), "
+                                     "(SELECT COALESCE(max(rowid), 0) + 1 FROM {}), false)").format(
+                    sql.Literal(table), sql.Identifier(table)))
+            for table in COPIED_TABLES:
+                conn.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER USER").format(sql.Identifier(table)))
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+    finally:
+        lite.close()
+    return time.perf_counter() - started
+
+
+def _http_figures(daemon: Daemon, rng: random.Random, samples: int) -> dict[str, float]:
     with daemon.client() as client:
-        if seed:
-            for start in range(0, memories, 100):
-                items = [memory(rng, i) for i in range(start, min(memories, start + 100))]
-                if call(client, "remember_batch", {"items": items})["failed"]:
-                    raise RuntimeError(f"seeding failed at {start}")
-        counter = [memories + rng.randrange(10**9)]
+        counter = [10**7 + rng.randrange(10**9)]
 
         def remember() -> None:
             counter[0] += 1
             call(client, "remember", memory(rng, counter[0]))
 
+        def recall() -> None:
+            call(client, "recall", {"query": rng.choice(QUERIES)})
+
+        for _ in range(5):  # warm-up: first calls pay one-time costs (connections, caches)
+            remember()
+            recall()
         remember_ms = timed(remember, samples)
-        recall_ms = timed(lambda: call(client, "recall", {"query": rng.choice(["deploy", "cache", "Mina budget",
-                                                                              "release 2.4 helm charts"])}), samples)
+        recall_ms = timed(recall, samples)
     return {"remember_p50_ms": percentile(remember_ms, 0.5), "remember_p95_ms": percentile(remember_ms, 0.95),
             "recall_p50_ms": percentile(recall_ms, 0.5), "recall_p95_ms": percentile(recall_ms, 0.95)}
 
@@ -146,87 +244,135 @@ def _http_propagation(a: Daemon, b: Daemon, rounds: int) -> dict[str, float]:
             marker = f"zq{i}x{random.randrange(10**6)}"
             started = time.perf_counter()
             saved = call(to_a, "remember", {"content": f"the propagation probe {marker} was saved through daemon a",
-                                            "keys": [f"probe {marker}"]})["saved"]
+                                            "keys": [f"probe {marker}"], "namespace": "project-0"})["saved"]
             deadline = time.monotonic() + PROPAGATION_TIMEOUT
-            while saved not in json.dumps(call(to_b, "recall", {"query": f"propagation probe {marker}"})):
+            while saved not in json.dumps(call(to_b, "recall", {"query": f"propagation probe {marker}",
+                                                                "namespace": "project-0"})):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{saved} never reached daemon b")
                 time.sleep(PROPAGATION_POLL)
             delays.append((time.perf_counter() - started) * 1000)
-    return {"http_propagation_p50_ms": percentile(delays, 0.5), "http_propagation_p95_ms": percentile(delays, 0.95)}
+    return {"p50_ms": percentile(delays, 0.5), "p95_ms": percentile(delays, 0.95)}
 
 
-def _over_http(url: str, memories: int, samples: int) -> dict[str, Any]:
+def _start(daemon: Daemon) -> dict[str, float]:
+    """Start ``daemon``: seconds to ready, and the seconds its log says loading its tables took."""
+    daemon.env["KEYMEM_LOG_LEVEL"] = "info"
+    ready = daemon.start(timeout=READY_TIMEOUT)
+    log = (daemon.data_dir / "logs" / "daemon.log").read_text(errors="replace")
+    found = LOADED.findall(log)
+    return {"ready_s": round(ready, 2), "load_tables_s": float(found[-1][2]) if found else float("nan"),
+            "vectors_loaded": int(found[-1][1]) if found else 0}
+
+
+def _at_size(url: str, size: int, daemons: int, samples: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="keymem-bench-team-") as tmp:
-        sqlite, a, b = Daemon(Path(tmp) / "sqlite"), Daemon(Path(tmp) / "a"), Daemon(Path(tmp) / "b")
-        for daemon in (a, b):
+        seed = Path(tmp) / "seed.db"
+        out: dict[str, Any] = {"memories": size, "build_sqlite_s": round(build_sqlite(seed, size), 1),
+                               "copy_to_postgresql_s": round(copy_to_postgres(seed, url), 1)}
+        sqlite = Daemon(Path(tmp) / "sqlite")
+        sqlite.data_dir.mkdir(parents=True)
+        shutil.copy(seed, sqlite.data_dir / "keymem.db")
+        team = [Daemon(Path(tmp) / f"pg{i}") for i in range(daemons)]
+        for daemon in team:
             daemon.env["KEYMEM_STORE_URL"] = url
         started: list[Daemon] = []
         try:
-            for daemon in (sqlite, a, b):
-                daemon.start()
+            starts = {}
+            for name, daemon in (("sqlite", sqlite), *((f"postgresql_{i}", d) for i, d in enumerate(team))):
+                starts[name] = _start(daemon)
                 started.append(daemon)
-            out: dict[str, Any] = {
-                "sqlite": _http_figures(sqlite, random.Random(7), memories, samples, seed=True),
-                "postgresql_a": _http_figures(a, random.Random(7), memories, samples, seed=True),
-                "postgresql_b": _http_figures(b, random.Random(8), memories, samples, seed=False),
-            }
-            out.update(_http_propagation(a, b, samples))
+            out["starts"] = starts
+            figures = {"sqlite": _http_figures(sqlite, random.Random(7), samples)}
+            for i, daemon in enumerate(team):
+                figures[f"postgresql_{i}"] = _http_figures(daemon, random.Random(8 + i), samples)
+            out["http"] = figures
+            out["ratios"] = {name: {k: round(f[k] / figures["sqlite"][k], 2) for k in f if figures["sqlite"][k]}
+                             for name, f in figures.items() if name != "sqlite"}
+            out["propagation"] = {f"postgresql_0->postgresql_{i}": _http_propagation(team[0], team[i], samples)
+                                  for i in range(1, daemons)}
+            out["rss_mb"] = {name: round(rss_mb(d.process.pid), 1) for name, d in
+                             (("sqlite", sqlite), *((f"postgresql_{i}", d) for i, d in enumerate(team)))
+                             if d.process is not None}
+            # A daemon that joins the team now loads everything the others wrote.
+            late = Daemon(Path(tmp) / "late")
+            late.env["KEYMEM_STORE_URL"] = url
+            out["new_daemon"] = _start(late)
+            started.append(late)
         finally:
             for daemon in started:
                 daemon.stop()
-    out["ratios"] = {f"{name}_{k}": round(out[name][k] / out["sqlite"][k], 2)
-                     for name in ("postgresql_a", "postgresql_b") for k in out["sqlite"] if out["sqlite"][k]}
     return out
+
+
+def _print_size(r: dict[str, Any]) -> None:
+    print(f"\n{r['memories']:,} memories (built in {r['build_sqlite_s']} s, copied to PostgreSQL in "
+          f"{r['copy_to_postgresql_s']} s)")
+    print(f"  {'daemon':14} {'ready s':>8} {'load s':>7} {'remember p50/p95 ms':>20} {'recall p50/p95 ms':>18} "
+          f"{'ratio rem p95':>13} {'ratio rec p50/p95':>17} {'RSS MB':>7}")
+    for name, f in r["http"].items():
+        start, ratio = r["starts"][name], r["ratios"].get(name)
+        ratios = (f"{ratio['remember_p95_ms']:>13.2f} {ratio['recall_p50_ms']:>8.2f} / {ratio['recall_p95_ms']:<6.2f}"
+                  if ratio else f"{'(baseline)':>13} {'':>17}")
+        print(f"  {name:14} {start['ready_s']:>8.2f} {start['load_tables_s']:>7.2f} "
+              f"{f['remember_p50_ms']:>9.1f} / {f['remember_p95_ms']:<8.1f} {f['recall_p50_ms']:>8.1f} / "
+              f"{f['recall_p95_ms']:<7.1f} {ratios} {r['rss_mb'].get(name, 0):>7.0f}")
+    for pair, p in r["propagation"].items():
+        print(f"  propagation {pair}: p50 {p['p50_ms']:.0f} ms, p95 {p['p95_ms']:.0f} ms (target p95 <= 1000)")
+    late = r["new_daemon"]
+    print(f"  a new daemon joining: ready in {late['ready_s']:.2f} s, its tables ({late['vectors_loaded']:,} memory "
+          f"vectors) loaded in {late['load_tables_s']:.2f} s (target <= 10 s)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--writes", type=int, default=300)
-    parser.add_argument("--memories", type=int, default=2000, help="seeded before the HTTP figures (0: skip them)")
-    parser.add_argument("--samples", type=int, default=100, help="timed HTTP calls of each kind")
+    parser.add_argument("--writes", type=int, default=300, help="store-level write and read units (0: skip)")
+    parser.add_argument("--sizes", default="10000,100000", help="store sizes measured over HTTP, comma-separated")
+    parser.add_argument("--daemons", type=int, default=2, choices=(2, 3, 4), help="PostgreSQL daemons on one server")
+    parser.add_argument("--samples", type=int, default=100, help="timed HTTP calls of each kind per daemon")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     bindir = find_bindir()
     if bindir is None:
         sys.exit("PostgreSQL is not installed (see tests/pg_cluster.py)")
+    result: dict[str, Any] = {"load_average_at_start": os.getloadavg(), "daemons": args.daemons}
     cluster = start_cluster(bindir, unprivileged_user())
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            sqlite_store = Store.open(Path(tmp) / "keymem.db")
+        if args.writes:
+            with tempfile.TemporaryDirectory() as tmp:
+                sqlite_store = Store.open(Path(tmp) / "keymem.db")
+                try:
+                    sqlite = _measure(sqlite_store, args.writes)
+                finally:
+                    sqlite_store.close()
+            repo = PostgresRepository.open(cluster.url)
             try:
-                sqlite = _measure(sqlite_store, args.writes)
+                postgres = _measure(repo, args.writes)
             finally:
-                sqlite_store.close()
-        repo = PostgresRepository.open(cluster.url)
-        try:
-            postgres = _measure(repo, args.writes)
-        finally:
-            repo.close()
-        database = cluster.create_database()
-        propagation = _propagation(cluster.url_for("keymem_owner", database), min(args.writes, 200))
-        http = _over_http(cluster.url_for("keymem_owner", cluster.create_database()), args.memories, args.samples) \
-            if args.memories else None
+                repo.close()
+            propagation = _propagation(cluster.url_for("keymem_owner", cluster.create_database()),
+                                       min(args.writes, 200))
+            result["store"] = {"sqlite": sqlite, "postgresql": postgres, **propagation,
+                               "ratios": {k: round(postgres[k] / sqlite[k], 2) for k in sqlite if sqlite[k]}}
+            for name, figures in (("sqlite", sqlite), ("postgresql", postgres)):
+                print(f"store {name:10}  write p50 {figures['write_p50_ms']:.2f} ms  p95 {figures['write_p95_ms']:.2f} "
+                      f"ms   read p50 {figures['read_p50_ms']:.2f} ms  p95 {figures['read_p95_ms']:.2f} ms")
+            ratios = result["store"]["ratios"]
+            print("  ratios (postgresql / sqlite): " + ", ".join(f"{k} {v}" for k, v in ratios.items()))
+            print(f"  commit on A -> B's change follower: p50 {propagation['propagation_p50_ms']:.1f} ms  "
+                  f"p95 {propagation['propagation_p95_ms']:.1f} ms")
+        result["sizes"] = []
+        for size in sizes:
+            figures = _at_size(cluster.url_for("keymem_owner", cluster.create_database()), size, args.daemons,
+                               args.samples)
+            result["sizes"].append(figures)
+            _print_size(figures)
     finally:
         stop_cluster(cluster)
-    result = {"writes": args.writes, "sqlite": sqlite, "postgresql": postgres, **propagation,
-              "ratios": {k: round(postgres[k] / sqlite[k], 2) for k in sqlite if sqlite[k]}}
-    for name, figures in (("sqlite", sqlite), ("postgresql", postgres)):
-        print(f"{name:10}  write p50 {figures['write_p50_ms']:.2f} ms  p95 {figures['write_p95_ms']:.2f} ms   "
-              f"read p50 {figures['read_p50_ms']:.2f} ms  p95 {figures['read_p95_ms']:.2f} ms")
-    print("ratios (postgresql / sqlite): " + ", ".join(f"{k} {v}" for k, v in result["ratios"].items()))
-    print(f"propagation A -> B follower: p50 {propagation['propagation_p50_ms']:.1f} ms  "
-          f"p95 {propagation['propagation_p95_ms']:.1f} ms (target p95 <= 1000 ms)")
-    if http is not None:
-        result["http"] = http
-        print(f"over HTTP, {args.memories} memories, {args.samples} calls each:")
-        for name in ("sqlite", "postgresql_a", "postgresql_b"):
-            f = http[name]
-            print(f"  {name:13} remember p50 {f['remember_p50_ms']:.1f} ms  p95 {f['remember_p95_ms']:.1f} ms   "
-                  f"recall p50 {f['recall_p50_ms']:.1f} ms  p95 {f['recall_p95_ms']:.1f} ms")
-        print("  ratios (postgresql / sqlite): " + ", ".join(f"{k} {v}" for k, v in http["ratios"].items()))
-        print(f"  propagation remember via A -> recalled via B: p50 {http['http_propagation_p50_ms']:.0f} ms  "
-              f"p95 {http['http_propagation_p95_ms']:.0f} ms (target p95 <= 1000 ms)")
+    result["load_average_at_end"] = os.getloadavg()
+    print(f"\nload average (1/5/15 min): at start {' '.join(f'{v:.1f}' for v in result['load_average_at_start'])}, "
+          f"at end {' '.join(f'{v:.1f}' for v in result['load_average_at_end'])} (2 cores)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

@@ -35,8 +35,13 @@ from keymem_daemon.engine.reads import inject as push  # noqa: E402
 from keymem_daemon.engine.reads.query import namespaces_for_cwd, scope_of  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
-L2: float = 1.0
-"""Ridge penalty of the fit: a few hundred candidates, a dozen features."""
+L2: float = 3.0
+"""Ridge penalty of the fit: a few hundred candidates, a dozen features. At 1.0 the dev fit
+reached test .642 hit where dev promised .692 (and the held-out set .340); at 3.0 dev and
+test agree within .03 (scripts/fit_push.py --split test)."""
+SILENCE: float = 0.90
+PRECISION: float = 0.70
+"""The push set's floors on dev (issue 18's targets) that the chosen bias must keep."""
 TASK_POOL: int = 3
 """Candidates per prompt the task model learns from: the ones a decision is about."""
 
@@ -87,7 +92,7 @@ def collect(split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def fit(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, float]:
+def fit(rows: Sequence[dict[str, Any]]) -> tuple[list[float], float]:
     """Logistic regression (L2, Newton steps) over every candidate of ``rows``."""
     xs = np.array([c["x"] for r in rows for c in r["cands"]], dtype=np.float64)
     ys = np.array([c["y"] for r in rows for c in r["cands"]], dtype=np.float64)
@@ -103,7 +108,7 @@ def fit(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, float]:
         w -= step
         if np.abs(step).max() < 1e-8:
             break
-    return w[:-1], float(w[-1])
+    return [float(v) for v in w[:-1]], float(w[-1])
 
 
 def residual(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -139,14 +144,24 @@ def evaluate(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: flo
 
 
 def choose_bias(rows: Sequence[dict[str, Any]], weights: Sequence[float], bias: float) -> float:
-    """The task model's bias: the lowest task floor (most hits on the push set) at which the
-    Korean/English set loses nothing against the question gate alone (R@5, not-found)."""
+    """The task model's bias: the task floor with the most hits on the push set that keeps its
+    silence and precision at SILENCE and PRECISION and at which the Korean/English set loses
+    nothing against the question gate alone (R@5, not-found)."""
     today = evaluate(rows, [0.0] * len(weights), -1e9)["korean"]
+    best: tuple[float, float] | None = None
     for floor in np.arange(0.30, 0.96, 0.01):
         shifted = bias - math.log(floor / (1 - floor))
-        korean = evaluate(rows, weights, shifted)["korean"]
-        if korean["hit"] >= today["hit"] and korean["silence"] >= today["silence"]:
+        figures = evaluate(rows, weights, shifted)
+        korean, push_set = figures["korean"], figures.get("push")
+        if korean["hit"] < today["hit"] or korean["silence"] < today["silence"]:
+            continue
+        if push_set is None:
             return shifted
+        if push_set["silence"] >= SILENCE and push_set["precision"] >= PRECISION and (
+                best is None or push_set["hit"] > best[0]):
+            best = (push_set["hit"], shifted)
+    if best is not None:
+        return best[1]
     return bias - math.log(0.95 / 0.05)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
 from pg_cluster import own_pg_cluster, pg_cluster, pg_database  # noqa: F401 - fixtures, found by pytest through this import
 
 FAST_TIER = Path(__file__).parent / "unit" / "fast"
@@ -26,6 +26,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         return None
     inside = collection_path == FAST_TIER or FAST_TIER in collection_path.parents
     return None if inside or collection_path in FAST_TIER.parents else True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's pytest-timeout deadline (its ``timeout`` mark, else the ini's) is a quiet
+    machine's figure, like every deadline in the tests: stretch it by ``scaled``."""
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker is not None and marker.args else default
+        if seconds > 0:
+            item.add_marker(pytest.mark.timeout(scaled(seconds)), append=False)
 
 
 @pytest.fixture(name="wait_for")
@@ -64,7 +75,7 @@ def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
             env=dict(env) if env is not None else isolated_env(tmp_path),
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=scaled(timeout),
             input=input,
             check=False,
         )

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.indexes import Clock
@@ -35,39 +34,14 @@ from keymem_daemon.engine.writes.maintenance import Maintenance
 from keymem_daemon.errors import InvalidInput
 from keymem_daemon.inference.embedders import Embedder
 
-if TYPE_CHECKING:
-    from keymem_daemon.store.sqlite.database import Store
-
 # read_key ranks at least KEY_POOL_MIN members of a key, and KEY_POOL_PAGES times the pages
 # asked for: the within-key rank of a page depends on members ranked beyond it.
 KEY_POOL_MIN: Final = 100
 KEY_POOL_PAGES: Final = 3
 
 
-def _open_sqlite(path: Path, settings: Settings) -> Store:
-    """The SQLite store at ``path`` (the one place the engine names a store implementation)."""
-    from keymem_daemon.store.sqlite.database import Store
-
-    return Store.open(path, backup_dir=settings.backup_dir)
-
-
 class MemoryGraph(Maintenance):
     """The engine. Thread-safe: writes go through the store's writer, reads are snapshots."""
-
-    @classmethod
-    def open(
-        cls,
-        path: Path,
-        embedder: Embedder,
-        settings: Settings,
-        *,
-        clock: Clock = time.time,
-        analyzer: Analyzer | None = None,
-        reranker: Any = None,
-        progress: Callable[[str, int, int], None] | None = None,
-    ) -> MemoryGraph:
-        return cls.over(_open_sqlite(path, settings), embedder, settings, clock=clock, analyzer=analyzer,
-                        reranker=reranker, progress=progress)
 
     @classmethod
     def over(
@@ -81,9 +55,10 @@ class MemoryGraph(Maintenance):
         reranker: Any = None,
         progress: Callable[[str, int, int], None] | None = None,
     ) -> MemoryGraph:
-        """The engine over an opened store (``open``'s SQLite file, or any ``ports.Repository``
-        such as the fast test tier's in-memory one), once its embedding space, vocabulary,
-        keys and in-memory indexes are checked and loaded; the store is closed if that fails."""
+        """The engine over an opened store (any ``ports.Repository``: ``store/opening.py``
+        opens SQLite or PostgreSQL, the fast test tier passes its in-memory one), once its
+        embedding space, vocabulary, keys and in-memory indexes are checked and loaded; the
+        store is closed if that fails."""
         try:
             graph = cls(store, embedder, settings, clock=clock, analyzer=analyzer, reranker=reranker)
             graph.ensure_embedding_space(progress)

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.autokey import PromotionRule, RecallBuffer
 from keymem_daemon.engine.freshness import HalfLives
-from keymem_daemon.engine.keys import ActiveCounts, KeyIndex, KeyInfo
+from keymem_daemon.engine.keys import ActiveCounts, KeyIndex, KeyInfo, MemberState
 from keymem_daemon.engine.ports import Reader, Repository, Writer
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.engine.text import Analyzer, default_analyzer, has_hangul
@@ -220,32 +220,40 @@ class GraphIndexes:
             self._quarantine(bad_keys, bad_bodies, problems)
         logger.info("loaded %d keys and %d memory vectors in %.2f s", keys, bodies, time.perf_counter() - started)
 
-    def follow_changes(self, memory_ids: Iterable[str], key_ids: Iterable[str]) -> None:
+    def follow_changes(self, memory_ids: Iterable[str], key_ids: Iterable[str], *, removals: bool) -> None:
         """Bring the in-memory tables in step with writes another daemon committed to a shared
         store (its change log names the memories and keys they touched): each named memory's
         vector is served while it is current and dropped once it is superseded or deleted,
         each named key (and every key of a named memory, whose link count changed) is read
-        again, and the member counts are counted again from the store. Idempotent, so a
+        again, and so are those keys' member counts -- all of them when the writes removed
+        memories or links (``removals``), whose keys the log cannot name. Idempotent, so a
         change this daemon made itself, already applied after its commit, does no harm."""
         dim = self.embedder.dim
         memory_ids, key_ids = list(dict.fromkeys(memory_ids)), set(key_ids)
 
         def read(reader: Reader) -> tuple[list[tuple[str, npt.NDArray[np.float32] | None, str]],
-                                          list[tuple[str, KeyInfo | None, bytes | None]], ActiveCounts]:
+                                          list[tuple[str, KeyInfo | None, bytes | None]], ActiveCounts | None]:
+            everything = removals
             bodies: list[tuple[str, npt.NDArray[np.float32] | None, str]] = []
+            states: dict[str, MemberState | None] = {}
             for memory_id in memory_ids:
                 try:
                     blob, namespace = reader.memory_vector(memory_id)
                 except KeyError:
                     bodies.append((memory_id, None, ""))
+                    everything = True  # deleted since: its keys are unknown
                     continue
                 current = reader.is_current(memory_id) and blob is not None and vector_problem(blob, dim) is None
                 bodies.append((memory_id, vector_from(blob) if current and blob is not None else None, namespace))
                 key_ids.update(reader.key_ids_of(memory_id))
+                states[memory_id] = reader.member_state(memory_id)
             keys: list[tuple[str, KeyInfo | None, bytes | None]] = []
             for key_id in sorted(key_ids):
                 blob = reader.key_vector(key_id)
                 keys.append((key_id, None if blob is None else reader.key_info(key_id), blob))
+            if not everything:
+                self.counts.recount(key_ids, reader.unexpiring_counts(sorted(key_ids)), states)
+                return bodies, keys, None
             counts = ActiveCounts()
             counts.add_counts(reader.unexpiring_counts())
             for memory_id in reader.expiring_ids():
@@ -265,7 +273,8 @@ class GraphIndexes:
                 self.keys.put(info, vector_from(blob))
             else:
                 self.keys.put(info)
-        self.counts = counts
+        if counts is not None:
+            self.counts = counts
 
     def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
                     problems: set[str]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
@@ -386,9 +386,32 @@ class ActiveCounts:
     def add_counts(self, rows: Iterable[tuple[str, str, int]]) -> None:
         """Load (key, namespace, active members without an expiry) rows at start."""
         with self._lock:
-            for kid, namespace, n in rows:
-                by_ns = self._counts.setdefault(kid, {})
-                by_ns[namespace] = by_ns.get(namespace, 0) + n
+            self._add_rows(rows)
+
+    def _add_rows(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        for kid, namespace, n in rows:
+            by_ns = self._counts.setdefault(kid, {})
+            by_ns[namespace] = by_ns.get(namespace, 0) + n
+
+    def recount(self, key_ids: Iterable[str], rows: Iterable[tuple[str, str, int]],
+                states: Mapping[str, MemberState | None]) -> None:
+        """Count these keys again: their members without an expiry (``rows``, as
+        ``add_counts`` takes them) plus the expiring members tracked here, after ``states``
+        (memory -> its state now, None: no longer active) replaced the tracked ones."""
+        with self._lock:
+            for memory_id, state in states.items():
+                if state is not None and state.expires_at is not None:
+                    self._expiring[memory_id] = state
+                else:
+                    self._expiring.pop(memory_id, None)
+            keys = set(key_ids)
+            for kid in keys:
+                self._counts.pop(kid, None)
+            self._add_rows(rows)
+            for state in self._expiring.values():
+                for kid in keys.intersection(state.keys):
+                    by_ns = self._counts.setdefault(kid, {})
+                    by_ns[state.namespace] = by_ns.get(state.namespace, 0) + 1
 
     def get_many(self, key_ids: Iterable[str], namespaces: Iterable[str] | str | None,
                  now: float) -> dict[str, int]:

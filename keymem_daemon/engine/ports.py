@@ -282,8 +282,9 @@ class KeyReads(Protocol):
     def link_counts(self) -> dict[str, int]:
         """How many links each key has."""
 
-    def unexpiring_counts(self) -> list[tuple[str, str, int]]:
-        """``(key_id, namespace, n)``: links of each key to live memories that never expire."""
+    def unexpiring_counts(self, of: Sequence[str] | None = None) -> list[tuple[str, str, int]]:
+        """``(key_id, namespace, n)``: links of each key (or of the keys ``of``) to live
+        memories that never expire."""
 
     def loanword_evidence(self, key_id: str, limit: int) -> list[tuple[str, list[str]]]:
         """Up to ``limit`` live memories under a key: ``(content, texts of all their keys)``."""

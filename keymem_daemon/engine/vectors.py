@@ -23,8 +23,11 @@ import numpy.typing as npt
 _INITIAL_ROWS: Final = 256
 # Headroom when a table is sized for a known number of rows (a load), before it grows.
 _HEADROOM: Final = 1.1
-# Rows widened from int8 to float32 per block when scoring a quantized table.
-_BLOCK: Final = 8192
+# Rows widened from int8 to float32 per block when scoring a quantized table: 1024 rows of
+# 512 floats (2 MB) stay in cache between the widening and the product; 8192 (16 MB) did not,
+# and scoring 10k bodies took 3.4 ms against 1.7 (same cosines, bit for bit: each is one
+# row's dot product, whatever the block).
+_BLOCK: Final = 1024
 
 Matrix = npt.NDArray[np.float32]
 

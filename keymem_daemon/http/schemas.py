@@ -151,6 +151,8 @@ class InjectOut(BaseModel):
     skipped: str | None = Field(None, description="Why nothing was searched (too short, a slash command).")
     held_back: list[str] = Field(default_factory=list,
                                  description="Relevant memories this session was already shown, not repeated.")
+    stale: str | None = Field(None, description="Why the answer may lag a shared store whose server does not "
+                                                "answer (it came from the daemon's local replica).")
 
     @classmethod
     def from_domain(cls, result: InjectResult) -> InjectOut:

@@ -486,13 +486,25 @@ def definitions(settings: Settings, host: Host) -> list[dict[str, Any]]:
     return [t.definition() for t in visible_tools(settings, host)]
 
 
+def visible_tool(settings: Settings, host: Host, name: str) -> Tool:
+    """The tool called ``name`` if this caller may see it; ``NotFound`` otherwise."""
+    tool = TOOLS_BY_NAME.get(name)
+    if tool is None or tool not in visible_tools(settings, host):
+        raise NotFound(f"Unknown tool: {name}")
+    return tool
+
+
 def call_tool(ctx: Context, name: str, arguments: Mapping[str, Any] | None) -> Outcome:
     """Run one tool. Unknown (or not visible) tools raise ``NotFound``."""
-    tool = TOOLS_BY_NAME.get(name)
-    if tool is None or tool not in visible_tools(ctx.settings, ctx.host):
-        raise NotFound(f"Unknown tool: {name}")
+    tool = visible_tool(ctx.settings, ctx.host, name)
+    return outcome(name, arguments, lambda: tool.handler(ctx, Args(tool, arguments)))
+
+
+def outcome(name: str, arguments: Mapping[str, Any] | None, run: Callable[[], Any]) -> Outcome:
+    """What the shim forwards for one run of tool ``name`` (``run`` returns the engine's
+    result, or raises): faults as ``is_error``, refusals as an ``{"error": ...}`` result."""
     try:
-        result = tool.handler(ctx, Args(tool, arguments))
+        result = run()
     except InvalidInput as exc:
         return Outcome({"error": exc.message, **({"field": exc.field} if exc.field else {})}, is_error=True)
     except (NotFound, Refused) as exc:

@@ -39,7 +39,7 @@ from typing import Any, Final
 
 import mcp.types as types
 import pytest
-from daemon_helpers import live_processes
+from daemon_helpers import live_processes, scaled
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from keymem_daemon import runtime
@@ -394,7 +394,7 @@ def base_python() -> str:
     """An interpreter without keymem installed: the one this test venv was made from."""
     candidate = getattr(sys, "_base_executable", "") or sys.executable
     probe = subprocess.run(
-        [candidate, "-c", "import keymem_shim"], capture_output=True, check=False, timeout=60,
+        [candidate, "-c", "import keymem_shim"], capture_output=True, check=False, timeout=scaled(60),
         cwd=os.path.expanduser("~") if os.path.isdir(os.path.expanduser("~")) else "/",
     )
     if probe.returncode == 0:
@@ -443,7 +443,7 @@ def build_wheelhouse(cache: Path) -> Path:
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
          "--wheel-dir", str(wheels), str(source), "setuptools>=77"],
-        capture_output=True, text=True, timeout=1200, check=False,
+        capture_output=True, text=True, timeout=scaled(1200), check=False,
     )
     if result.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)

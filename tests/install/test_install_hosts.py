@@ -23,7 +23,7 @@ from typing import Final
 
 import anyio
 import pytest
-from daemon_helpers import READY_TIMEOUT, isolated_env, wait_for
+from daemon_helpers import READY_TIMEOUT, isolated_env, scaled, wait_for
 from installsim import (
     TEN_TOOLS,
     ClaudeCode,
@@ -135,7 +135,7 @@ async def use_the_plugin(host: ClaudeCode | Codex, tmp_path: Path, *, codex: boo
 
     # The MCP server, exactly as the host spawns it.
     command = host.mcp_server()
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_server(command, tmp_path / "server.err") as server:
             assert server.init.server_info.name == "keymem", server.stderr()
             instructions = server.init.instructions or ""

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import anyio
 import pytest
-from daemon_helpers import isolated_env, wait_for
+from daemon_helpers import isolated_env, scaled, wait_for
 from installsim import (
     TEN_TOOLS,
     McpCommand,
@@ -111,7 +111,7 @@ def bootstrap_starts(env: dict[str, str]) -> list[str]:
 async def start_up_error(command: McpCommand, errlog: Path) -> MCPError:
     """The MCP error the server answers ``initialize`` with (task groups wrap it)."""
     try:
-        with anyio.fail_after(60):
+        with anyio.fail_after(scaled(60)):
             async with run_server(command, errlog):
                 pass
     except BaseException as exc:  # noqa: BLE001 - looking for the MCPError inside
@@ -169,7 +169,7 @@ async def test_an_interpreter_with_keymem_in_keymem_python_is_used_first(
     plugin: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     env.update(KEYMEM_PYTHON=sys.executable, KEYMEM_AUTOSTART="false")
-    with anyio.fail_after(60):
+    with anyio.fail_after(scaled(60)):
         async with run_server(launcher(plugin, env, tmp_path / "project"), tmp_path / "err") as server:
             assert is_real_shim(server.init.instructions), server.stderr()
     assert not (Path(env["KEYMEM_DATA_DIR"]) / "venv").exists(), "no venv when keymem is there"
@@ -189,7 +189,7 @@ async def test_a_failed_install_is_reported_then_resumed_and_a_new_version_upgra
     env.update(offline_pip_env(empty))  # pip can find nothing: the install fails
 
     # 1. The first session: the stand-in answers at once, and reports the failure.
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_server(launcher(plugin, env, tmp_path / "project"), tmp_path / "err") as server:
             assert "installing" in (server.init.instructions or ""), server.init.instructions
             assert await server.tool_names() == STANDIN_TOOLS
@@ -210,13 +210,13 @@ async def test_a_failed_install_is_reported_then_resumed_and_a_new_version_upgra
     final = state(env)
     assert final["state"] == "ready" and final["attempt"] >= 2, final
     assert (data_dir / "venv" / "keymem-plugin-version").read_text().strip() == plugin_version()
-    status = json.loads(run_launcher(plugin, env, "--status", timeout=60).stdout)
+    status = json.loads(run_launcher(plugin, env, "--status", timeout=scaled(60)).stdout)
     assert status["ready"] is True and status["running"] is False, status
 
     # 3. A ready venv: the launcher execs the real shim at once, no stand-in.
     env["KEYMEM_AUTOSTART"] = "false"
     started = time.monotonic()
-    with anyio.fail_after(60):
+    with anyio.fail_after(scaled(60)):
         async with run_server(launcher(plugin, env, tmp_path / "project"), tmp_path / "err2") as server:
             assert is_real_shim(server.init.instructions), server.stderr()
     assert time.monotonic() - started < 30
@@ -262,7 +262,7 @@ async def test_two_cold_launchers_bootstrap_once_and_both_end_up_serving_keymem(
                 memory = await server.ok("read_memory", memory_id=results["memory"])
                 results["read"] = memory["memory"]["content"]
 
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with anyio.create_task_group() as group:
             group.start_soon(session, "a")
             group.start_soon(session, "b")
@@ -288,11 +288,11 @@ async def test_a_real_bootstrap_from_the_package_index(
 ) -> None:
     env["KEYMEM_BOOTSTRAP_PYTHON"] = base_python()
     started = time.monotonic()
-    done = run_launcher(plugin, env, "--bootstrap", timeout=1800)
+    done = run_launcher(plugin, env, "--bootstrap", timeout=scaled(1800))
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr + log_of(env)
     print(f"real bootstrap took {took:.1f} s")
     env["KEYMEM_AUTOSTART"] = "false"
-    with anyio.fail_after(60):
+    with anyio.fail_after(scaled(60)):
         async with run_server(launcher(plugin, env, tmp_path / "project"), tmp_path / "err") as server:
             assert is_real_shim(server.init.instructions), server.stderr()

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from daemon_helpers import scaled
 from installsim import base_python, copy_plugin, offline_pip_env, session_wheelhouse, stop_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,10 +46,10 @@ def test_the_readme_command_sets_up_and_starts_keymem_from_a_clean_copy(tmp_path
     data = home / ".keymem"
     try:
         done = subprocess.run(["sh", "-c", run_keymem], cwd=checkout, env=env, capture_output=True, text=True,
-                              timeout=900, check=False)
+                              timeout=scaled(900), check=False)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         status = subprocess.run([str(checkout / ".venv" / "bin" / "keymemd"), "status", "--json"], cwd=checkout,
-                                env=env, capture_output=True, text=True, timeout=60, check=False)
+                                env=env, capture_output=True, text=True, timeout=scaled(60), check=False)
         assert status.returncode == 0, status.stderr
         report = json.loads(status.stdout)
         assert report["running"] is True and report["state"] in ("ready", "starting"), report

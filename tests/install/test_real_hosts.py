@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import httpx
 import pytest
-from daemon_helpers import READY_TIMEOUT, isolated_env, wait_for
+from daemon_helpers import READY_TIMEOUT, isolated_env, scaled, wait_for
 from installsim import (
     ROOT,
     TEN_TOOLS,
@@ -200,10 +200,10 @@ def machine(tmp_path: Path) -> Iterator[dict[str, str]]:
 def seed_memories(env: dict[str, str]) -> str:
     """Start the daemon and store a few facts; returns the billing memory's id."""
     subprocess.run([sys.executable, "-m", "keymem_daemon", "start"], env=env, check=True,
-                   capture_output=True, timeout=READY_TIMEOUT + 30)
+                   capture_output=True, timeout=scaled(READY_TIMEOUT) + 30)
     info = runtime.read_daemon_info(Path(env["KEYMEM_DATA_DIR"]))
     ids = []
-    with httpx.Client(base_url=info.url, headers=info.headers, timeout=30) as client:
+    with httpx.Client(base_url=info.url, headers=info.headers, timeout=scaled(30)) as client:
         for content, keys in MEMORIES:
             response = client.post("/v1/tools/remember",
                                    json={"arguments": {"content": content, "keys": keys}})
@@ -238,7 +238,7 @@ def test_claude_code_validates_the_manifests(tmp_path: Path, machine: dict[str, 
     for target in (ROOT / ".claude-plugin" / "marketplace.json",
                    ROOT / ".claude-plugin" / "plugin.json"):
         result = subprocess.run([claude, "plugin", "validate", "--strict", "--json", str(target)],
-                                env=machine, capture_output=True, text=True, timeout=120,
+                                env=machine, capture_output=True, text=True, timeout=scaled(120),
                                 check=False)
         report = json.loads(result.stdout)
         assert result.returncode == 0 and report["success"], result.stdout
@@ -393,7 +393,7 @@ def test_claude_code_without_keymem_gets_the_stand_in_then_the_real_tools(
             pytest.fail("the real tools never reached the model:\n" + latest[-3000:])
     finally:
         session.stdin.close()
-        session.wait(timeout=60)
+        session.wait(timeout=scaled(60))
         session.stdout.close()
     log = bootstrap_log(data_dir)
     assert log.count("bootstrap start:") == 1 and "handing the MCP session over" in log, log

@@ -19,6 +19,7 @@ from daemon_helpers import (
     DaemonFactory,
     isolated_env,
     live_processes,
+    scaled,
     wait_for,
 )
 
@@ -58,7 +59,7 @@ def test_two_racing_starts_end_with_one_daemon(tmp_path: Path, stopped_at_end: N
     racers = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]
-    outputs = [racer.communicate(timeout=CLI_TIMEOUT * 2) for racer in racers]
+    outputs = [racer.communicate(timeout=scaled(CLI_TIMEOUT * 2)) for racer in racers]
     for racer, (_, err) in zip(racers, outputs, strict=True):
         assert racer.returncode == 0, err
     reports = [json.loads(out) for out, _ in outputs]
@@ -157,7 +158,7 @@ def test_logs_follow_prints_new_lines(cli: Cli, tmp_path: Path) -> None:
         assert follower.stdout.readline() == "after rotation\n"
     finally:
         follower.kill()
-        follower.wait(timeout=10)
+        follower.wait(timeout=scaled(10))
         if follower.stdout is not None:
             follower.stdout.close()
 
@@ -165,7 +166,7 @@ def test_logs_follow_prints_new_lines(cli: Cli, tmp_path: Path) -> None:
 def test_export_and_import_through_the_cli(cli: Cli, tmp_path: Path, stopped_at_end: None) -> None:
     assert cli("start").returncode == 0
     info = runtime.read_daemon_info(tmp_path / "data")
-    with httpx.Client(base_url=info.url, headers=info.headers, timeout=REQUEST_TIMEOUT) as client:
+    with httpx.Client(base_url=info.url, headers=info.headers, timeout=scaled(REQUEST_TIMEOUT)) as client:
         for text, keys in (
             ("Mina likes green tea", ["Mina", "tea"]),
             ("The API runs on port 8080", ["api", "port"]),
@@ -221,7 +222,7 @@ def test_status_lists_the_loanwords_the_store_taught_kiwi_across_restarts(
 ) -> None:
     assert cli("start").returncode == 0
     info = runtime.read_daemon_info(tmp_path / "data")
-    with httpx.Client(base_url=info.url, headers=info.headers, timeout=REQUEST_TIMEOUT) as client:
+    with httpx.Client(base_url=info.url, headers=info.headers, timeout=scaled(REQUEST_TIMEOUT)) as client:
         result = client.post("/v1/tools/remember", json={"arguments": {
             "content": "스프린트 작업은 전부 지라에서 관리한다.", "keys": ["지라", "Jira", "스프린트"]}}).json()
         assert result["is_error"] is False
@@ -279,7 +280,7 @@ def test_stop_escalates_to_sigterm_when_shutdown_is_not_answered(tmp_path: Path)
         runtime.write_daemon_info(data_dir, info)
         outcome = runtime.stop_daemon(info, data_dir, grace=0.5)
         assert outcome == "terminated"
-        assert fake.wait(timeout=10) == -15
+        assert fake.wait(timeout=scaled(10)) == -15
         assert not (data_dir / "daemon.json").exists()
     finally:
         if fake.poll() is None:
@@ -324,7 +325,7 @@ def test_stop_waits_for_a_daemon_that_is_still_starting(tmp_path: Path, cli: Cli
         result = cli("stop", "--json")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["stopped"] is True
-        assert process.wait(timeout=30) == 0, output.read_text()
+        assert process.wait(timeout=scaled(30)) == 0, output.read_text()
     finally:
         if process.poll() is None:
             process.kill()

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from daemon_helpers import DaemonProcess
+from daemon_helpers import DaemonProcess, scaled
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -63,7 +63,7 @@ def test_eight_processes_of_250_concurrent_remembers_store_all_2000_once(
     ]
     results: list[dict[str, Any]] = []
     for client in clients:
-        out, err = client.communicate(timeout=550)
+        out, err = client.communicate(timeout=scaled(550))
         assert client.returncode == 0, err
         results.extend(json.loads(line) for line in out.splitlines())
     failures = [r for r in results if not r["ok"]]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_helpers import EXIT_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from daemon_helpers import EXIT_TIMEOUT, DaemonFactory, DaemonProcess, scaled, wait_for
 
 CYCLES = 20
 WRITERS = 3
@@ -27,7 +27,7 @@ def _burst_then_kill(daemon: DaemonProcess, cycle: int, kill_after: int) -> list
     stop = threading.Event()
 
     def writer(worker: int) -> None:
-        with httpx.Client(base_url=daemon.url, headers=daemon.info.headers, timeout=30) as client:
+        with httpx.Client(base_url=daemon.url, headers=daemon.info.headers, timeout=scaled(30)) as client:
             for i in range(100_000):
                 if stop.is_set():
                     return
@@ -56,7 +56,7 @@ def _burst_then_kill(daemon: DaemonProcess, cycle: int, kill_after: int) -> list
     daemon.kill()
     stop.set()
     for thread in threads:
-        thread.join(timeout=EXIT_TIMEOUT)
+        thread.join(timeout=scaled(EXIT_TIMEOUT))
     with lock:
         return list(acknowledged)
 

@@ -10,15 +10,17 @@ import os
 import signal
 import sqlite3
 import stat
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Final
 
 import httpx
 import pytest
-from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, scaled, wait_for
 
 from keymem_daemon import __version__, runtime
 from keymem_daemon.errors import DaemonNotRunning
@@ -38,11 +40,11 @@ def test_health_answers_while_loading_and_tools_need_no_models(daemons: DaemonFa
                 f"{info.url}/v1/tools/recall",
                 headers=info.headers,
                 json={"arguments": {"query": "x"}},
-                timeout=10,
+                timeout=scaled(10),
             )
-            tools = httpx.get(f"{info.url}/v1/tools", headers=info.headers, timeout=10)
-            instructions = httpx.get(f"{info.url}/v1/instructions", headers=info.headers, timeout=10)
-            health = httpx.get(f"{info.url}/health", timeout=10).json()
+            tools = httpx.get(f"{info.url}/v1/tools", headers=info.headers, timeout=scaled(10))
+            instructions = httpx.get(f"{info.url}/v1/instructions", headers=info.headers, timeout=scaled(10))
+            health = httpx.get(f"{info.url}/health", timeout=scaled(10)).json()
             assert tools.status_code == 200 and len(tools.json()["tools"]) == 10
             assert instructions.status_code == 200
             seen.append(health["status"])
@@ -55,7 +57,7 @@ def test_health_answers_while_loading_and_tools_need_no_models(daemons: DaemonFa
                     f"{info.url}/v1/tools/recall",
                     headers=info.headers,
                     json={"arguments": {"query": "x"}},
-                    timeout=10,
+                    timeout=scaled(10),
                 )
                 assert after.status_code == 200, after.text
                 break
@@ -63,7 +65,7 @@ def test_health_answers_while_loading_and_tools_need_no_models(daemons: DaemonFa
         assert health == {"status": "ready", "version": __version__, "pid": process.pid}
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=EXIT_TIMEOUT) == 0, output.read_text()
+        assert process.wait(timeout=scaled(EXIT_TIMEOUT)) == 0, output.read_text()
 
 
 def _try_read(data_dir: Path) -> runtime.DaemonInfo | None:
@@ -98,7 +100,7 @@ def test_a_second_daemon_on_the_same_data_dir_exits_at_once(daemons: DaemonFacto
         env=daemons.env(),
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=scaled(30),
     )
     assert second.returncode == 1
     assert "another keymemd already owns" in second.stderr
@@ -126,7 +128,7 @@ def test_shutdown_route_removes_daemon_json_before_it_answers(daemons: DaemonFac
     response = daemon.client().post("/v1/shutdown")
     assert response.status_code == 200 and response.json() == {"status": "shutting_down"}
     assert not (daemons.data_dir / "daemon.json").exists()
-    assert daemon.process.wait(timeout=EXIT_TIMEOUT) == 0, daemon.log()
+    assert daemon.process.wait(timeout=scaled(EXIT_TIMEOUT)) == 0, daemon.log()
     assert runtime.lock_is_free(daemons.data_dir)
 
 
@@ -144,7 +146,7 @@ def test_requests_in_flight_at_sigterm_finish_and_are_kept(daemons: DaemonFactor
     stop = threading.Event()
 
     def writer(worker: int) -> None:
-        with httpx.Client(base_url=daemon.url, headers=daemon.info.headers, timeout=30) as client:
+        with httpx.Client(base_url=daemon.url, headers=daemon.info.headers, timeout=scaled(30)) as client:
             for i in range(10_000):
                 if stop.is_set():
                     return
@@ -171,10 +173,10 @@ def test_requests_in_flight_at_sigterm_finish_and_are_kept(daemons: DaemonFactor
         thread.start()
     wait_for(lambda: len(acknowledged) >= 20, 60, message="the write burst to get going")
     daemon.process.send_signal(signal.SIGTERM)
-    code = daemon.process.wait(timeout=EXIT_TIMEOUT)
+    code = daemon.process.wait(timeout=scaled(EXIT_TIMEOUT))
     stop.set()
     for thread in threads:
-        thread.join(timeout=EXIT_TIMEOUT)
+        thread.join(timeout=scaled(EXIT_TIMEOUT))
     assert code == 0, daemon.log()
     assert not failures, failures[:3]
     restarted = daemons.start(KEYMEM_TOOLS="full")
@@ -196,7 +198,7 @@ def test_a_stale_daemon_json_from_a_killed_daemon_is_replaced(daemons: DaemonFac
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=scaled(30),
     )
     assert status.returncode == 1
     assert "stale" in json.loads(status.stdout)["reason"]
@@ -205,7 +207,7 @@ def test_a_stale_daemon_json_from_a_killed_daemon_is_replaced(daemons: DaemonFac
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=scaled(90),
     )
     assert started.returncode == 0, started.stderr
     report = json.loads(started.stdout)
@@ -216,7 +218,7 @@ def test_a_stale_daemon_json_from_a_killed_daemon_is_replaced(daemons: DaemonFac
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert json.loads(stopped.stdout) == {"how": "shutdown", "pid": report["pid"], "stopped": True}
     assert not path.exists()
@@ -238,7 +240,7 @@ def test_idle_exit_stops_a_daemon_nobody_talks_to(daemons: DaemonFactory) -> Non
     assert daemon.process.poll() is None, "exited although requests kept coming"
     daemon.close_clients()
     # ...and without them it leaves on its own, cleanly.
-    code = daemon.process.wait(timeout=30)
+    code = daemon.process.wait(timeout=scaled(30))
     assert code == 0, daemon.log()
     assert not (daemons.data_dir / "daemon.json").exists()
     assert "KEYMEM_IDLE_EXIT" in daemon.log()
@@ -254,7 +256,7 @@ def test_the_daemon_never_inherits_a_host_session_identity(daemons: DaemonFactor
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=scaled(90),
     )
     assert result.returncode == 0, result.stderr
     pid = json.loads(result.stdout)["pid"]
@@ -269,7 +271,7 @@ def test_the_daemon_never_inherits_a_host_session_identity(daemons: DaemonFactor
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
         )
         assert stop.returncode == 0, stop.stderr
     assert not runtime.pid_alive(pid)
@@ -283,7 +285,7 @@ def test_data_dir_from_flag_overrides_the_environment(daemons: DaemonFactory, tm
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=scaled(90),
     )
     assert result.returncode == 0, result.stderr
     try:
@@ -295,28 +297,42 @@ def test_data_dir_from_flag_overrides_the_environment(daemons: DaemonFactory, tm
             [sys.executable, "-m", "keymem_daemon", "--data-dir", str(other), "stop"],
             env=env,
             capture_output=True,
-            timeout=60,
+            timeout=scaled(60),
             check=True,
         )
     assert not os.path.exists(other / "daemon.json")
 
 
+NAGLE_STALL: Final = 0.04
+"""What Nagle's algorithm plus the peer's delayed ACK add to the second piece of a response
+written in two (Linux: the 40 ms minimum delayed-ACK timeout)."""
+
+
 def test_small_requests_are_not_held_back_by_nagle(daemon: DaemonProcess) -> None:
-    """A response written in two pieces must not wait for a delayed ACK (~40 ms each)."""
+    """A response written in two pieces (head, then body) must not wait for a delayed ACK.
+
+    Timed is only the gap between the head's arrival and the body's: the daemon has done
+    its work by then, so the gap is network delay, which a busy CPU does not stretch to
+    the stall's 40 ms (the whole round trip it does: 5-200 ms measured on a loaded 2-core
+    machine). The median, because a new connection's first exchanges are ACKed at once
+    and would hide the stall from a minimum (measured with the stall: 0.1 ms, then 42-66 ms
+    each; without it, under 1 ms, at worst 7 ms)."""
     client = daemon.client()
-    timings = []
+    gaps = []
     for _ in range(20):
-        started = time.perf_counter()
-        assert client.post("/v1/tools/no_such_tool", json={"arguments": {}}).status_code == 404
-        timings.append(time.perf_counter() - started)
-    assert min(timings) < 0.015, f"fastest round trip {min(timings) * 1000:.0f} ms"
+        with client.stream("POST", "/v1/tools/no_such_tool", json={"arguments": {}}) as response:
+            headed = time.perf_counter()
+            response.read()
+            gaps.append(time.perf_counter() - headed)
+        assert response.status_code == 404
+    assert statistics.median(gaps) < NAGLE_STALL / 2, f"gaps from head to body: {[round(g * 1000) for g in gaps]} ms"
 
 
 def test_sigint_stops_the_foreground_daemon_cleanly(daemons: DaemonFactory) -> None:
     daemon = daemons.start()
     daemon.close_clients()
     daemon.process.send_signal(signal.SIGINT)
-    assert daemon.process.wait(timeout=EXIT_TIMEOUT) == 0, daemon.log()
+    assert daemon.process.wait(timeout=scaled(EXIT_TIMEOUT)) == 0, daemon.log()
     assert not (daemons.data_dir / "daemon.json").exists()
     assert runtime.lock_is_free(daemons.data_dir)
 
@@ -326,9 +342,9 @@ def test_a_shutdown_while_still_loading_exits_cleanly(daemons: DaemonFactory) ->
     try:
         info = wait_for(lambda: _try_read(daemons.data_dir), READY_TIMEOUT, message="daemon.json")
         assert httpx.get(f"{info.url}/health").json()["status"] == "starting"
-        response = httpx.post(f"{info.url}/v1/shutdown", headers=info.headers, timeout=10)
+        response = httpx.post(f"{info.url}/v1/shutdown", headers=info.headers, timeout=scaled(10))
         assert response.status_code == 200
-        assert process.wait(timeout=EXIT_TIMEOUT) == 0, output.read_text()
+        assert process.wait(timeout=scaled(EXIT_TIMEOUT)) == 0, output.read_text()
     finally:
         if process.poll() is None:
             process.kill()
@@ -349,7 +365,7 @@ def test_sigterm_while_still_loading_exits_cleanly(daemons: DaemonFactory) -> No
         info = wait_for(lambda: _try_read(daemons.data_dir), READY_TIMEOUT, message="daemon.json")
         assert httpx.get(f"{info.url}/health").json()["status"] == "starting"
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=EXIT_TIMEOUT) == 0, output.read_text()
+        assert process.wait(timeout=scaled(EXIT_TIMEOUT)) == 0, output.read_text()
     finally:
         if process.poll() is None:
             process.kill()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, log_growth, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, log_growth, scaled, wait_for
 from fake_hub import minilm_files, model_dir
 
 from keymem_daemon import runtime
@@ -67,15 +67,15 @@ def test_re_embedding_for_a_new_embedder_is_reported_with_its_progress(
                         progress=lambda: log_growth(daemons.data_dir))
         assert seen.startswith("re-embedding the store for a new embedder: "), seen
         status = subprocess.run([sys.executable, "-m", "keymem_daemon", "status"], env=env, capture_output=True,
-                                text=True, timeout=60, check=False).stdout
+                                text=True, timeout=scaled(60), check=False).stdout
         waited = subprocess.run([sys.executable, "-m", "keymem_daemon", "start", "--timeout", "0.2"], env=env,
-                                capture_output=True, text=True, timeout=60, check=False)
+                                capture_output=True, text=True, timeout=scaled(60), check=False)
         # As long as it takes: the re-embedding logs each chunk, and only a stall fails.
         wait_for(lambda: _health_detail(daemons) is None and _ready(daemons), READY_TIMEOUT,
                  message="the re-embedded daemon to be ready", progress=lambda: log_growth(daemons.data_dir))
     finally:
         process.terminate()
-        process.wait(timeout=60)
+        process.wait(timeout=scaled(60))
 
     assert "starting on http" in status and "loading:   re-embedding the store for a new embedder" in status, status
     assert waited.returncode == 1
@@ -114,7 +114,7 @@ def test_a_daemon_killed_while_re_embedding_resumes_and_a_switch_back_embeds_eve
                      progress=lambda: log_growth(daemons.data_dir))
         finally:
             process.send_signal(signal.SIGKILL)
-            process.wait(timeout=60)
+            process.wait(timeout=scaled(60))
 
     def totals() -> list[int]:
         return [int(t) for t in re.findall(r"re-embedding \w+: \d+/(\d+)", log.read_text())]

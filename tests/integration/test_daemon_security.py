@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess
+from daemon_helpers import DaemonFactory, DaemonProcess, scaled
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +29,7 @@ def _state(daemon: DaemonProcess) -> dict[str, Any]:
 
 def _raw(daemon: DaemonProcess, request: bytes) -> tuple[int, bytes]:
     """Send bytes as they are (httpx would fix the Host header) and read the status line."""
-    with socket.create_connection(("127.0.0.1", daemon.info.port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", daemon.info.port), timeout=scaled(10)) as sock:
         sock.sendall(request)
         data = b""
         while chunk := sock.recv(65536):  # the request says Connection: close

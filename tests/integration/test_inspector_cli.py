@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonProcess, isolated_env, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonProcess, isolated_env, scaled, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -99,8 +99,8 @@ def test_activity_lists_and_follows_the_log(daemon: DaemonProcess, cli: Cli, tmp
         wait_for(lambda: arrived("forget"), CLI_TIMEOUT, message="the forget to be followed")
     finally:
         follower.terminate()
-        follower.wait(timeout=CLI_TIMEOUT)
-        reader.join(timeout=CLI_TIMEOUT)
+        follower.wait(timeout=scaled(CLI_TIMEOUT))
+        reader.join(timeout=scaled(CLI_TIMEOUT))
         for pipe in (follower.stdout, follower.stderr):
             if pipe is not None:
                 pipe.close()

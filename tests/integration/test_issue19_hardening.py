@@ -29,6 +29,7 @@ from daemon_helpers import (
     DaemonFactory,
     DaemonProcess,
     isolated_env,
+    scaled,
     wait_for,
 )
 from test_hook_push import claude_payload, run_hook
@@ -66,7 +67,7 @@ port, count = int(sys.argv[1]), int(sys.argv[2])
 held = []
 for i in range(count):
     try:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=scaled(5))
         if i % 2:
             sock.sendall(b"GET /v1/tools HTTP/1.1\\r\\nHost: 127.0.0.1")  # a request line never finished
         held.append(sock)
@@ -101,7 +102,7 @@ def test_issue19_tool_calls_and_the_hook_answer_while_1100_connections_sit_idle(
     finally:
         assert flooder.stdin is not None and flooder.stdout is not None
         flooder.stdin.close()
-        flooder.wait(timeout=EXIT_TIMEOUT)
+        flooder.wait(timeout=scaled(EXIT_TIMEOUT))
         flooder.stdout.close()
     new_lines = log.read_text(errors="replace").splitlines()[lines_before:]
     assert sum("Too many open files" in line for line in new_lines) <= 1, new_lines[-20:]
@@ -109,11 +110,12 @@ def test_issue19_tool_calls_and_the_hook_answer_while_1100_connections_sit_idle(
 
 
 def test_issue19_a_request_head_never_finished_is_closed_after_the_head_timeout(daemon: DaemonProcess) -> None:
-    with socket.create_connection(("127.0.0.1", daemon.info.port), timeout=HEAD_TIMEOUT * 3) as sock:
+    with socket.create_connection(("127.0.0.1", daemon.info.port), timeout=scaled(HEAD_TIMEOUT * 3)) as sock:
         sock.sendall(b"GET /v1/tools HTTP/1.1\r\nHost: 127.0.0.1")
         started = time.monotonic()
         assert sock.recv(65536) == b"", "the daemon answered a request it never got"
-        assert time.monotonic() - started < HEAD_TIMEOUT * 2
+        # Closed by the head timeout, not left open: the slack is for a busy machine.
+        assert time.monotonic() - started < HEAD_TIMEOUT + scaled(HEAD_TIMEOUT)
 
 
 # -- item 14: the data dir's mode, and who holds the lock -----------------------------------
@@ -143,7 +145,7 @@ def test_issue19_a_start_that_waits_for_the_lock_in_vain_names_who_holds_it(tmp_
     finally:
         assert holder.stdin is not None and holder.stdout is not None
         holder.stdin.close()
-        holder.wait(timeout=EXIT_TIMEOUT)
+        holder.wait(timeout=scaled(EXIT_TIMEOUT))
         holder.stdout.close()
 
 
@@ -254,7 +256,7 @@ def test_issue19_sigterm_to_keymemd_import_cancels_it_and_nothing_is_committed(d
                                                                                tmp_path: Path) -> None:
     process = start_import(daemon, big_export(tmp_path / "big.json"))
     process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=EXIT_TIMEOUT)
+    stdout, stderr = process.communicate(timeout=scaled(EXIT_TIMEOUT))
     assert process.returncode == 1, (process.returncode, stderr)
     assert "Traceback" not in stderr and "cancelled" in stderr.splitlines()[-1], stderr
     wait_for(lambda: "import cancelled" in daemon.log(), READY_TIMEOUT, message=lambda: daemon.log())
@@ -266,7 +268,7 @@ def test_issue19_a_daemon_dying_during_keymemd_import_is_one_clear_line(daemons:
     daemon = daemons.start()
     process = start_import(daemon, big_export(tmp_path / "big.json"))
     daemon.kill()
-    stdout, stderr = process.communicate(timeout=EXIT_TIMEOUT)
+    stdout, stderr = process.communicate(timeout=scaled(EXIT_TIMEOUT))
     assert process.returncode == 1, (process.returncode, stderr)
     assert "Traceback" not in stderr, stderr
     assert "went away" in stderr.splitlines()[-1], stderr

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import anyio
 import pytest
-from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, isolated_env, wait_for
+from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, isolated_env, scaled, wait_for
 from test_hook_push import claude_payload, claude_session_start, run_hook
 from test_shim_mcp import daemon_pids, run_shim
 
@@ -73,7 +73,7 @@ def impostor(tmp_path: Path, *, port: int = 0, claimed_pid: int = 0) -> Iterator
         yield Impostor(process, bound, log)
     finally:
         process.kill()
-        process.wait(timeout=EXIT_TIMEOUT)
+        process.wait(timeout=scaled(EXIT_TIMEOUT))
         if process.stdout is not None:
             process.stdout.close()
 
@@ -153,10 +153,10 @@ async def test_issue19_a_shim_whose_daemon_went_away_never_talks_to_what_took_it
     try:
         # The daemon is up before the shim, so a warm shim (when on) serves the session.
         started = subprocess.run([sys.executable, "-m", "keymem_daemon", "start"], env=env, capture_output=True,
-                                 text=True, timeout=READY_TIMEOUT + 30, check=False)
+                                 text=True, timeout=scaled(READY_TIMEOUT) + 30, check=False)
         assert started.returncode == 0, started.stderr
         first = runtime.read_daemon_info(data_dir)
-        with anyio.fail_after(DEADLINE):
+        with anyio.fail_after(scaled(DEADLINE)):
             async with run_shim(env, tmp_path / "shim.err") as shim:
                 await shim.ok("remember", content="Fact A: the build uses uv.", keys=["build", "uv"])
                 if how == "stopped":
@@ -199,7 +199,7 @@ def test_issue19_the_cli_sends_no_token_to_a_server_behind_a_recycled_pid(tmp_pa
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=scaled(60),
                 check=False,
             )
             assert "Traceback" not in result.stderr, result.stderr
@@ -229,7 +229,7 @@ def test_issue19_stop_leaves_a_live_process_named_keymem_alone(tmp_path: Path) -
         )
         result = subprocess.run(
             [sys.executable, "-m", "keymem_daemon", "stop", "--json"],
-            env=env, capture_output=True, text=True, timeout=60, check=False,
+            env=env, capture_output=True, text=True, timeout=scaled(60), check=False,
         )
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["stopped"] is False

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -235,7 +235,7 @@ def test_a_store_deleted_under_the_daemon_refuses_writes_and_restore_brings_it_b
         assert restored.returncode == 0, restored.stderr
         data = json.loads(restored.stdout)
         assert data["restored"] == str(rescued[0]) and data["started"] and data["stopped"] == daemon.pid
-        assert daemon.process.wait(timeout=30) == 0
+        assert daemon.process.wait(timeout=scaled(30)) == 0
         assert _rows(db, "SELECT id FROM memories") == [(kept,)]
         status = cli("status", "--json", env=daemon.env)
         assert json.loads(status.stdout)["memories"] == 1 and "warnings" not in json.loads(status.stdout)

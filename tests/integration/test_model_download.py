@@ -18,7 +18,7 @@ from typing import Final
 
 import numpy as np
 import pytest
-from daemon_helpers import READY_TIMEOUT, wait_for
+from daemon_helpers import READY_TIMEOUT, scaled, wait_for
 from fake_hub import (
     FakeHub,
     SilentServer,
@@ -55,7 +55,7 @@ pytestmark = pytest.mark.timeout(60)
 APPLE, BANANA, CHERRY = 6207, 15212, 9115
 WEIGHTS = {APPLE: 3.0, BANANA: 2.0, CHERRY: 1.0}
 VOCAB_SIZE = 30522
-# A margin for thread start-up and a loaded CI machine on top of a configured timeout.
+# A margin for thread start-up on top of a configured timeout (a quiet machine's; tests scale it).
 SLACK = 1.5
 
 
@@ -258,7 +258,7 @@ def test_a_transfer_that_does_not_match_the_hub_sha256_is_rejected_and_leaves_no
     assert not list(model_dir.rglob("*.part"))
 
 
-def test_a_closed_port_fails_within_a_second_with_a_model_error(tmp_path: Path) -> None:
+def test_a_closed_port_fails_at_once_with_a_model_error(tmp_path: Path) -> None:
     settings = settings_for(tmp_path, closed_port_url())
     progress = DownloadProgress()
     started = time.monotonic()
@@ -267,7 +267,9 @@ def test_a_closed_port_fails_within_a_second_with_a_model_error(tmp_path: Path) 
         load_embedder(settings, progress=progress)
 
     elapsed = time.monotonic() - started
-    assert elapsed < 1.0, elapsed
+    # At once: a refused connection is not retried until the download timeout runs out
+    # (milliseconds on a quiet machine; the bound holds on a busy one).
+    assert elapsed < settings.download_timeout, elapsed
     assert "bge-m3" in caught.value.message
     assert progress.get("bge-m3").state == "failed"
     assert progress.get("bge-m3").error == caught.value.message
@@ -282,7 +284,7 @@ def test_a_hub_that_never_answers_fails_within_the_download_timeout(tmp_path: Pa
             load_embedder(settings)
         elapsed = time.monotonic() - started
 
-    assert 0.9 <= elapsed < 1.0 + SLACK, elapsed
+    assert 0.9 <= elapsed < 1.0 + scaled(SLACK), elapsed
     assert "within 1 s" in caught.value.message
     print(f"\nsilent hub, download_timeout=1: ModelError after {elapsed:.2f} s")
 
@@ -343,8 +345,8 @@ def test_two_fetches_of_one_dir_download_each_file_once(tmp_path: Path, hub: Fak
     second = threading.Thread(target=fetch, args=("second",))
     second.start()
     hub.gate.set()
-    first.join(timeout=READY_TIMEOUT)
-    second.join(timeout=READY_TIMEOUT)
+    first.join(timeout=scaled(READY_TIMEOUT))
+    second.join(timeout=scaled(READY_TIMEOUT))
 
     assert not errors
     assert sorted(results) == ["first", "second"]
@@ -436,7 +438,10 @@ def test_the_manager_never_waits_for_a_download_and_scores_once_it_finished(
         elapsed = time.monotonic() - started
 
         assert first is None
-        assert elapsed < 0.1, elapsed
+        # It did not wait for the download: the hub holds the model until the gate opens,
+        # and the answer came before the download timeout could have ended a wait.
+        assert progress.get(RERANKER_SPEC.name).state != "done"
+        assert elapsed < settings.download_timeout, elapsed
         wait_for(lambda: progress.get(RERANKER_SPEC.name).state == "downloading", 5, message="download")
         status = manager.status()
         assert status["state"] == "downloading" and status["ranking"] == "fused"
@@ -562,7 +567,7 @@ def test_closing_the_manager_stops_a_download_quietly(
     finally:
         hub.gate.set()
 
-    assert elapsed < 1.0 + SLACK, elapsed
+    assert elapsed < 1.0 + scaled(SLACK), elapsed
     assert manager.state == "absent"
     assert manager.score("q", TEXTS) is None, "a closed manager starts nothing"
     assert not [m for m in keymem_records(caplog) if "unavailable" in m]

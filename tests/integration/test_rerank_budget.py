@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, scaled, wait_for
 from fake_hub import build_cross_encoder, minilm_files, model_dir, reranker_files
 
 from keymem_daemon.config import Settings
@@ -29,6 +29,7 @@ from keymem_daemon.engine.reads.recall import rank_key_members, recall
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
 from keymem_daemon.inference.reranker import OnnxReranker, RerankerManager
+from keymem_daemon.store.opening import open_sqlite
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,7 +131,8 @@ def open_with(tmp_path: Path, embedder: Embedder, weights_dir: Path) -> Iterator
             manager = RerankerManager(settings)
             manager.start()
             wait_for(lambda: manager.state == "ready", 20, message="the reranker to load")
-        graph = MemoryGraph.open(tmp_path / f"keymem{len(opened)}.db", embedder, settings, reranker=manager)
+        store = open_sqlite(settings, tmp_path / f"keymem{len(opened)}.db")
+        graph = MemoryGraph.over(store, embedder, settings, reranker=manager)
         opened.append((graph, manager))
         for content in ("We bake cherry pie for the team lunch.", "Banana bread is the weekend dessert.",
                         "The office fruit bowl gets apple deliveries on Monday.",
@@ -212,7 +214,7 @@ def test_a_daemon_with_a_ready_reranker_reports_its_speed_and_budgets(
     assert reranker["ranking"] == "reranker" and reranker["tokens_per_second"] > 0
     assert (reranker["budget_ms"], reranker["inject_budget_ms"]) == (500, 120)
     status = subprocess.run([sys.executable, "-m", "keymem_daemon", "status"], env=daemon.env,
-                            capture_output=True, text=True, timeout=60, check=True).stdout
+                            capture_output=True, text=True, timeout=scaled(60), check=True).stdout
     assert f"{reranker['tokens_per_second']} tokens/s; within 500 ms for a tool call and 120 ms" in status
 
     daemon.remember("The office fruit bowl gets apple deliveries on Monday.", ["fruit", "office"])

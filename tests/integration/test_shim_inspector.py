@@ -15,7 +15,7 @@ import sys
 from typing import Any, Final
 
 import pytest
-from daemon_helpers import DaemonProcess
+from daemon_helpers import DaemonProcess, scaled
 
 INSPECTOR: Final = "@modelcontextprotocol/inspector@2.12.0"
 RUN_TIMEOUT: Final = 240.0
@@ -41,7 +41,7 @@ def inspector(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[
     command += [sys.executable, "-m", "keymem_shim", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KEYMEM_", "CLAUDE_", "CODEX_"))}
     env["npm_config_update_notifier"] = "false"
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=scaled(RUN_TIMEOUT), check=False)
 
 
 def output(result: subprocess.CompletedProcess[str], daemon: DaemonProcess) -> Any:

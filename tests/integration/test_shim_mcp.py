@@ -32,6 +32,7 @@ from daemon_helpers import (
     DaemonProcess,
     isolated_env,
     live_processes,
+    scaled,
     wait_for,
     warm_shims,
 )
@@ -189,7 +190,7 @@ async def test_the_ten_tools_work_end_to_end_through_the_shim(
     env = {**daemon.env, "CLAUDE_CODE_SESSION_ID": CLAUDE_SESSION}
     if not warm:
         env["KEYMEM_WARM_SHIM"] = "false"
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             assert shim.init.server_info.name == "keymem"
             # Served by a fork of the warm shim, or by the spawned process itself.
@@ -246,7 +247,7 @@ async def test_the_ten_tools_work_end_to_end_through_the_shim(
 async def test_the_full_surface_is_listed_when_keymem_tools_is_full(tmp_path: Path, started_by_shim: Path) -> None:
     # No daemon yet: the shim starts one, and it inherits KEYMEM_TOOLS.
     env = shim_env(tmp_path, KEYMEM_TOOLS="full")
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "plain.err") as shim:
             names = {t.name for t in (await shim.session.list_tools()).tools}
             assert names == TEN_TOOLS | FULL_EXTRA
@@ -281,14 +282,14 @@ async def test_two_shims_share_one_daemon_and_stamp_their_own_sessions(tmp_path:
             # The other shim's memory is visible too: one daemon, one store.
             await wait_for_memories(shim, 2)
 
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with anyio.create_task_group() as group:
             group.start_soon(use, "claude", claude_env, "Claude's shim saved this fact.")
             group.start_soon(use, "codex", codex_env, "Codex's shim saved this fact.")
 
     assert len(daemon_pids(tmp_path / "data")) == 1
     info = runtime.read_daemon_info(tmp_path / "data")
-    with httpx.Client(base_url=info.url, headers=info.headers, timeout=30) as client:
+    with httpx.Client(base_url=info.url, headers=info.headers, timeout=scaled(30)) as client:
         sources = {}
         for name, memory_id in saved.items():
             response = client.post("/v1/tools/read_memory", json={"arguments": {"memory_id": memory_id}})
@@ -310,7 +311,7 @@ async def wait_for_memories(shim: Shim, count: int) -> None:
 
 async def test_a_shim_without_a_known_host_sends_no_session(daemon: DaemonProcess, tmp_path: Path) -> None:
     env = {**daemon.env, "CLAUDE_CODE_SESSION_ID": "not-a-uuid"}
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             saved = await shim.ok("remember", content="An anonymous fact.", keys=["anonymous", "fact"])
             memory = await shim.ok("read_memory", memory_id=saved["saved"])
@@ -328,7 +329,7 @@ async def test_a_proxy_in_the_environment_does_not_capture_loopback_traffic(
         "ALL_PROXY": "http://127.0.0.1:9",
         "KEYMEM_START_TIMEOUT": "5",
     }
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             await shim.ok("remember", content="The proxy is corp.example.", keys=["proxy", "network"])
     assert "Stats: 0 keys" in (shim.init.instructions or ""), shim.stderr()
@@ -342,7 +343,7 @@ async def test_a_daemon_killed_between_two_calls_is_restarted_and_nothing_is_sto
 ) -> None:
     data_dir = tmp_path / "data"
     env = shim_env(tmp_path, KEYMEM_TOOLS="full")
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             await shim.ok("remember", content="Fact A: the build uses uv.", keys=["build", "uv"])
             first = runtime.read_daemon_info(data_dir)
@@ -389,7 +390,7 @@ class DroppingProxy:
     def close(self) -> None:
         self._closing = True
         self._server.close()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=scaled(5))
 
     def _accept(self) -> None:
         while not self._closing:
@@ -454,7 +455,7 @@ async def test_a_write_whose_answer_was_lost_is_retried_once_and_applied_once(
     proxy = DroppingProxy(daemon.info.port, "/v1/tools/correct")
     try:
         runtime.write_daemon_info(daemon.data_dir, dataclasses.replace(daemon.info, port=proxy.port))
-        with anyio.fail_after(DEADLINE):
+        with anyio.fail_after(scaled(DEADLINE)):
             async with run_shim(daemon.env, tmp_path / "shim.err") as shim:
                 corrected = await shim.ok("correct", memory_id=first, content="The office moved to Busan.")
     finally:
@@ -500,7 +501,7 @@ def test_the_same_idempotency_key_applies_a_write_once(daemon: DaemonProcess) ->
 
 
 async def test_malformed_arguments_get_clear_errors(daemon: DaemonProcess, tmp_path: Path) -> None:
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(daemon.env, tmp_path / "shim.err") as shim:
             wrong_type, is_error = await shim.call("remember", content="x y z", keys=5)
             assert is_error and wrong_type == {
@@ -533,7 +534,7 @@ async def test_a_daemon_that_cannot_start_is_reported_with_the_log_path(tmp_path
         port = taken.getsockname()[1]
         env = shim_env(tmp_path, KEYMEM_PORT=str(port), KEYMEM_START_TIMEOUT="20")
         log_path = tmp_path / "data" / "logs" / "daemon.log"
-        with anyio.fail_after(DEADLINE):
+        with anyio.fail_after(scaled(DEADLINE)):
             async with run_shim(env, tmp_path / "shim.err") as shim:
                 # initialize did not wait for a daemon that will never come
                 assert "keymem" in (shim.init.instructions or "")
@@ -553,9 +554,9 @@ async def test_a_daemon_that_failed_to_load_is_reported_at_once(tmp_path: Path, 
     (data_dir / "keymem.db").write_bytes(b"this is not a SQLite database" * 100)
     # "At once": within a daemon start's budget, far short of the start timeout it is given.
     env = shim_env(tmp_path, KEYMEM_START_TIMEOUT=str(READY_TIMEOUT * 10))
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
-            with anyio.fail_after(READY_TIMEOUT):
+            with anyio.fail_after(scaled(READY_TIMEOUT)):
                 result, is_error = await shim.call("recall", query="anything")
     assert is_error and "file is not a database" in result["error"], result
     assert str(data_dir / "logs" / "daemon.log") in result["error"]
@@ -563,7 +564,7 @@ async def test_a_daemon_that_failed_to_load_is_reported_at_once(tmp_path: Path, 
 
 async def test_without_autostart_the_shim_says_how_to_start_the_daemon(tmp_path: Path) -> None:
     env = shim_env(tmp_path, KEYMEM_AUTOSTART="false")
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             result, is_error = await shim.call("remember", content="x y", keys=["x"])
     assert is_error and "keymemd start" in result["error"], result
@@ -578,7 +579,7 @@ async def test_the_instructions_and_the_prompt_come_from_the_daemon_and_follow_t
     tmp_path: Path, started_by_shim: Path, hook_installed: bool
 ) -> None:
     env = shim_env(tmp_path, KEYMEM_HOOK_INSTALLED=str(hook_installed).lower())
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, tmp_path / "shim.err") as shim:
             instructions = shim.init.instructions or ""
             prompts = (await shim.session.list_prompts()).prompts
@@ -625,7 +626,7 @@ async def test_the_shim_never_imports_a_model_library(daemon: DaemonProcess, tmp
     """``-X importtime`` lists every module the shim loaded, lazily imported ones included."""
     errlog = tmp_path / "shim.err"
     env = {**daemon.env, "KEYMEM_WARM_SHIM": "false"}
-    with anyio.fail_after(DEADLINE):
+    with anyio.fail_after(scaled(DEADLINE)):
         async with run_shim(env, errlog, args=("-X", "importtime")) as shim:
             await use_every_kind_of_request(shim)
     imported = imported_modules(errlog)
@@ -654,7 +655,7 @@ async def test_the_warm_shim_never_imports_a_model_library(daemon: DaemonProcess
     try:
         wait_for(lambda: socket_file.exists() and socket_file.stat().st_ino != previous, READY_TIMEOUT)
         errlog = tmp_path / "shim.err"
-        with anyio.fail_after(DEADLINE):
+        with anyio.fail_after(scaled(DEADLINE)):
             async with run_shim(daemon.env, errlog, args=("-X", "importtime")) as shim:
                 assert len(children(server.pid)) == 1
                 await use_every_kind_of_request(shim)

@@ -1,6 +1,7 @@
 """The PostgreSQL server goes away under a repository and comes back: units fail with an
 error naming the server (never its password, never a hang past the pool's timeout), nothing
-half-written stays, and the repository uses the server again by itself once it is back."""
+half-written stays, and the repository uses the server again by itself once it is back; in
+front of it, the failover repository reads from the local replica and refuses writes at once."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from daemon_helpers import wait_for
 from pg_cluster import PgCluster
 
 from keymem_daemon.engine.ports import MemoryRow, Writer
-from keymem_daemon.errors import StoreError
+from keymem_daemon.errors import StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import repository as repository_module
+from keymem_daemon.store.postgres.offline import FailoverRepository, Replica
 from keymem_daemon.store.postgres.repository import PostgresRepository
 
 KILL_TIMEOUT = 30.0
@@ -113,3 +116,27 @@ def test_a_daemon_killed_mid_write_leaves_no_rows_and_no_locks(pg_database: str)
             child.stdout.close()
         repo.close()
     assert found == ["m-killed-0"]
+
+
+def test_once_a_unit_finds_the_server_gone_reads_come_from_the_replica_and_writes_are_refused_at_once(
+        own_pg_cluster: PgCluster, tmp_path: Path) -> None:
+    server = PostgresRepository.open(own_pg_cluster.url)
+    store = FailoverRepository(server, Replica.create(tmp_path / "replica.db", server))
+    try:
+        store.write(_save("m-kept"))
+        store.write(_save("m-gone"))
+        store.write(lambda w: w.delete_memory("m-gone"))
+        store.replica.fill_in_background().join()
+        assert store.replica.ready
+        own_pg_cluster.stop_server()
+        # The first unit finds out (within the pool's timeout); the next ones do not wait.
+        assert sorted(store.read(lambda r: r.memories(["m-kept", "m-gone"]))) == ["m-kept"]
+        assert store.offline() is not None
+        started = time.monotonic()
+        assert store.read(lambda r: r.memory_content("m-kept")) == "note m-kept"
+        with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{own_pg_cluster.port}.*nothing was written"):
+            store.write(_save("m-during"))
+        took = time.monotonic() - started
+    finally:
+        store.close()
+    assert took < repository_module.POOL_TIMEOUT, took

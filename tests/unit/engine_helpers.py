@@ -19,6 +19,7 @@ from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp.tools import Context, Outcome, call_tool
+from keymem_daemon.store.opening import open_sqlite
 from keymem_daemon.store.sqlite.database import Store
 
 T = TypeVar("T")
@@ -53,7 +54,7 @@ def open_graph(
     clock: FakeClock,
     analyzer: Analyzer | None = None,
 ) -> MemoryGraph:
-    return MemoryGraph.open(path, embedder, settings, clock=clock, analyzer=analyzer)
+    return MemoryGraph.over(open_sqlite(settings, path), embedder, settings, clock=clock, analyzer=analyzer)
 
 
 GraphFactory = Callable[..., MemoryGraph]

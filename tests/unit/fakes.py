@@ -426,9 +426,11 @@ class InMemoryReader:
             counts[kid] = counts.get(kid, 0) + 1
         return counts
 
-    def unexpiring_counts(self) -> list[tuple[str, str, int]]:
+    def unexpiring_counts(self, of: Sequence[str] | None = None) -> list[tuple[str, str, int]]:
         counts: dict[tuple[str, str], int] = {}
         for kid, mid in self._tables.links:
+            if of is not None and kid not in of:
+                continue
             m = self._tables.memories[mid].memory
             if m.superseded_by is None and m.expires_at is None:
                 counts[kid, m.namespace] = counts.get((kid, m.namespace), 0) + 1

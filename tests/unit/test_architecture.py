@@ -40,11 +40,7 @@ PACKAGES: Final = ("keymem_daemon", "keymem_shim")
 ALLOWED_CYCLES: Final[frozenset[frozenset[str]]] = frozenset()
 """Import cycles, each as the set of modules in it (a strongly connected component)."""
 
-ALLOWED_ENGINE_STORAGE_IMPORTS: Final[frozenset[tuple[str, str]]] = frozenset(
-    {
-        ("keymem_daemon.engine.graph", "keymem_daemon.store.sqlite.database"),
-    }
-)
+ALLOWED_ENGINE_STORAGE_IMPORTS: Final[frozenset[tuple[str, str]]] = frozenset()
 """``(engine module, what it imports)``: sqlite3 or a store module."""
 
 ALLOWED_SQL_OUTSIDE_STORE: Final[frozenset[str]] = frozenset()

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from daemon_helpers import scaled
 
 from keymem_daemon import __version__
 from keymem_daemon.cli import CliState, cli, launchd_plist, systemd_unit
@@ -131,7 +132,7 @@ def test_the_light_commands_import_nothing_heavy(tmp_path: Path, command: list[s
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=scaled(30),
     )
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     heavy = sorted(m for m in imported if m in HEAVY or m.startswith(("numpy.", "fastapi.", "keymem_daemon.engine.")))

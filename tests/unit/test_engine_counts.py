@@ -16,6 +16,7 @@ from engine_helpers import FakeClock, db_read, remember
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.inference.embedders import Embedder
+from keymem_daemon.store.opening import open_sqlite
 from keymem_daemon.store.sqlite.memories import ACTIVE
 
 WORDS = ["deploy", "database", "editor", "coffee", "배포", "데이터베이스", "에디터", "커피", "review", "리뷰"]
@@ -41,7 +42,7 @@ def assert_counts_match(graph: MemoryGraph) -> None:
 def test_key_counts_follow_every_write_path_and_survive_a_reopen(
         tmp_path: Path, embedder: Embedder, clock: FakeClock, settings: Settings) -> None:  # noqa: F811
     rng = random.Random(3)
-    graph = MemoryGraph.open(tmp_path / "keymem.db", embedder, settings, clock=clock)
+    graph = MemoryGraph.over(open_sqlite(settings, tmp_path / "keymem.db"), embedder, settings, clock=clock)
     live: list[str] = []
     try:
         for step in range(60):
@@ -74,7 +75,7 @@ def test_key_counts_follow_every_write_path_and_survive_a_reopen(
                     graph.cleanup_expired()
             assert_counts_match(graph)
         graph.close()
-        graph = MemoryGraph.open(tmp_path / "keymem.db", embedder, settings, clock=clock)
+        graph = MemoryGraph.over(open_sqlite(settings, tmp_path / "keymem.db"), embedder, settings, clock=clock)
         assert_counts_match(graph)
     finally:
         graph.close()

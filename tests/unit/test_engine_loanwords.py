@@ -115,7 +115,9 @@ def test_learning_pays_for_kiwis_rebuild_so_the_next_read_does_not() -> None:
     analyzer.analyze("노션은 뭐에 써?")
     read = time.perf_counter() - started
 
-    assert read * 10 < learned, (read, learned)
+    # Had the read paid for the rebuild, it would take the learn's time and the learn almost
+    # none; a factor of 2 tells the two apart with room for a busy machine's preemptions.
+    assert read * 2 < learned, (read, learned)
 
 
 def test_threads_teaching_the_same_word_at_once_all_succeed_and_one_teaches_it() -> None:

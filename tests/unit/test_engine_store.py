@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from daemon_helpers import scaled
 from engine_helpers import FakeClock, db_read, db_write, key_id, link_weight, open_graph, remember, state
 
 from keymem_daemon.config import Settings
@@ -21,6 +22,7 @@ from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.inference.embedders import Embedder
+from keymem_daemon.store.opening import open_sqlite
 from keymem_daemon.store.sqlite.database import MIGRATIONS, SCHEMA_VERSION, Store, Tx, migrate
 from keymem_daemon.store.sqlite.rows import rows_in
 
@@ -90,7 +92,7 @@ def test_a_graph_refuses_a_newer_store_with_a_store_error(
     conn.commit()
     conn.close()
     with pytest.raises(StoreError, match="newer"):
-        MemoryGraph.open(path, embedder, settings, clock=clock)
+        MemoryGraph.over(open_sqlite(settings, path), embedder, settings, clock=clock)
 
 
 @pytest.mark.parametrize("version", range(SCHEMA_VERSION))
@@ -330,7 +332,7 @@ def test_closing_the_graph_closes_every_connection_it_opened(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=scaled(10))
     assert open_fds_to(path)
     g.close()
     assert open_fds_to(path) == []
@@ -374,9 +376,9 @@ def test_a_changed_embedder_re_embeds_every_key_after_a_backup(
 
     other = Renamed(embedder, "test:other-model")
     with pytest.raises(StoreError, match="KEYMEM_AUTO_MIGRATE"):
-        MemoryGraph.open(path, other, settings.replace(auto_migrate=False), clock=clock)
+        MemoryGraph.over(open_sqlite(settings, path), other, settings.replace(auto_migrate=False), clock=clock)
 
-    migrated = MemoryGraph.open(path, other, settings, clock=clock)
+    migrated = MemoryGraph.over(open_sqlite(settings, path), other, settings, clock=clock)
     try:
         assert other.calls >= 2, "every key was embedded again"
         assert list((tmp_path / "backups").glob("keymem-before-reembed-*.db"))
@@ -431,13 +433,13 @@ def test_a_store_left_half_re_embedded_is_embedded_again_when_the_old_model_retu
     many_keys: Path, embedder: Embedder, settings: Settings, clock: FakeClock
 ) -> None:
     with pytest.raises(Crashed):
-        MemoryGraph.open(many_keys, Negated(embedder, survive=256), settings, clock=clock)
+        MemoryGraph.over(open_sqlite(settings, many_keys), Negated(embedder, survive=256), settings, clock=clock)
 
     # Without the mark, the old fingerprint would still stand and 256 keys keep the new
     # model's vectors; with it, going back to the old model embeds everything again.
     with pytest.raises(StoreError, match="half re-embedded for test:negated"):
-        MemoryGraph.open(many_keys, embedder, settings.replace(auto_migrate=False), clock=clock)
-    back = MemoryGraph.open(many_keys, embedder, settings, clock=clock)
+        MemoryGraph.over(open_sqlite(settings, many_keys), embedder, settings.replace(auto_migrate=False), clock=clock)
+    back = MemoryGraph.over(open_sqlite(settings, many_keys), embedder, settings, clock=clock)
     try:
         assert key_vectors_from(back, embedder) == len(list(back.keys.all())) == 601
     finally:
@@ -449,11 +451,11 @@ def test_a_re_embedding_cut_short_resumes_where_it_stopped(
 ) -> None:
     first = Negated(embedder, survive=512)
     with pytest.raises(Crashed):
-        MemoryGraph.open(many_keys, first, settings, clock=clock)
+        MemoryGraph.over(open_sqlite(settings, many_keys), first, settings, clock=clock)
     assert first.calls == 512
 
     again = Negated(embedder)
-    resumed = MemoryGraph.open(many_keys, again, settings, clock=clock)
+    resumed = MemoryGraph.over(open_sqlite(settings, many_keys), again, settings, clock=clock)
     try:
         # 601 keys and 300 bodies, less the two chunks the first start wrote.
         assert again.calls == 601 + 300 - 512

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
+from daemon_helpers import scaled
 from engine_helpers import (
     DAY,
     START,
@@ -298,7 +299,7 @@ def test_eight_concurrent_identical_remembers_leave_exactly_one_memory(graph: Me
     barrier = threading.Barrier(8)
 
     def write(_: int) -> str:
-        barrier.wait(timeout=10)
+        barrier.wait(timeout=scaled(10))
         return remember(
             graph,
             "The release train leaves every second Tuesday",
@@ -306,7 +307,7 @@ def test_eight_concurrent_identical_remembers_leave_exactly_one_memory(graph: Me
         )
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        ids = list(pool.map(write, range(8), timeout=30))
+        ids = list(pool.map(write, range(8), timeout=scaled(30)))
     assert len(set(ids)) == 1
     assert graph.stats().memories == 1
     assert graph.read_memory(ids[0]).memory.validity.confirmation_count == 8
@@ -319,7 +320,7 @@ def test_concurrent_distinct_remembers_lose_no_update(graph: MemoryGraph) -> Non
         )
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        ids = list(pool.map(write, range(24), timeout=30))
+        ids = list(pool.map(write, range(24), timeout=scaled(30)))
     assert len(set(ids)) == 24
     assert graph.stats().memories == 24
     service = key_id(graph, "service")
@@ -859,11 +860,11 @@ def test_two_concurrent_corrections_of_one_memory_form_one_chain(graph: MemoryGr
     barrier = threading.Barrier(2)
 
     def fix(i: int) -> str:
-        barrier.wait(timeout=10)
+        barrier.wait(timeout=scaled(10))
         return correct(graph, first, f"The user lives in city number {i}")
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(fix, range(2), timeout=30))
+        results = list(pool.map(fix, range(2), timeout=scaled(30)))
     assert len(set(results)) == 2
     live = active_ids(graph)
     assert len(live) == 1 and live[0] in results
@@ -877,7 +878,7 @@ def test_many_concurrent_corrections_keep_one_step_of_history(graph: MemoryGraph
     barrier = threading.Barrier(4)
 
     def fix(i: int) -> str | None:
-        barrier.wait(timeout=10)
+        barrier.wait(timeout=scaled(10))
         try:
             return correct(graph, first, f"The user lives in city number {i}")
         except NotFound as exc:
@@ -886,7 +887,7 @@ def test_many_concurrent_corrections_keep_one_step_of_history(graph: MemoryGraph
             return None
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = [r for r in pool.map(fix, range(4), timeout=30) if r is not None]
+        results = [r for r in pool.map(fix, range(4), timeout=scaled(30)) if r is not None]
     assert len(results) >= 2
     live = active_ids(graph)
     assert len(live) == 1 and live[0] in results

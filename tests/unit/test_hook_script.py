@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from daemon_helpers import scaled
 from keymem_hook import keymem_hook as hook
 
 from keymem_daemon import runtime
@@ -76,7 +77,7 @@ def test_the_hook_runs_under_an_old_interpreter(version: str, tmp_path: Path) ->
         input=payload.encode(),
         env=env,
         capture_output=True,
-        timeout=30,
+        timeout=scaled(30),
         check=False,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
@@ -511,7 +512,7 @@ def test_each_command_finds_the_hook_when_run_as_the_host_runs_it(
             env=env,
             cwd=tmp_path,
             capture_output=True,
-            timeout=30,
+            timeout=scaled(30),
             check=False,
         )
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b""), event

@@ -16,6 +16,7 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.limits import EMBED_MAX_CHARS
 from keymem_daemon.inference.embedders import CachedEmbedder, Embedder, UseEmbedder
+from keymem_daemon.store.opening import open_sqlite
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +49,8 @@ def test_a_long_unbroken_token_is_embedded_from_its_first_characters_only(use: U
 
 def test_remember_of_a_long_memory_embeds_a_capped_body(tmp_path: Path, use: UseEmbedder) -> None:
     recording = Recording(use)
-    graph = MemoryGraph.open(tmp_path / "keymem.db", CachedEmbedder(recording), Settings(data_dir=tmp_path))  # type: ignore[arg-type]
+    settings = Settings(data_dir=tmp_path)
+    graph = MemoryGraph.over(open_sqlite(settings, tmp_path / "keymem.db"), CachedEmbedder(recording), settings)  # type: ignore[arg-type]
     try:
         content = "deploy the billing service with docker on port 8080. " * 360  # ~19,000 characters
         request = graph.prepare(content=content, keys=["deploy", "billing"])

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from daemon_helpers import scaled
 
 from keymem_daemon.config import Settings
 from keymem_daemon.errors import ModelError
@@ -253,23 +254,34 @@ def test_embedding_stays_within_its_threads_under_concurrent_calls(minilm_dir: P
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=20)
+        t.join(timeout=scaled(20))
 
     assert len(results) == 8
     for row in results:
         np.testing.assert_allclose(row, expected, atol=1e-6)
 
 
-def test_a_short_text_embeds_in_a_few_milliseconds(minilm_dir: Path) -> None:
+def test_a_short_text_embeds_unpadded_in_a_fraction_of_a_full_input(minilm_dir: Path) -> None:
+    """A short text costs what its few tokens cost, never the padded-512 regime: measured
+    against a text of the model's full 512 tokens in the same run, so a busy machine slows
+    both alike (on a quiet one: ~2 ms against ~100 ms)."""
     embedder = onnx_embedder(minilm_dir, "mean")
     words = [f"memory key {i}" for i in range(100)]
-    embedder.embed(words[:3])
-    started = time.perf_counter()
-    for word in words:
-        embedder.embed([word])
-    per_text = (time.perf_counter() - started) / len(words)
-    print(f"\nONNX MiniLM int8, 1 thread: {per_text * 1000:.2f} ms per short text")
-    assert per_text < 0.05  # generous: a loaded CI box, but never the padded-512 regime
+    full = " ".join(["memory"] * 600)  # past 512 tokens: truncated to the full input
+    embedder.embed(words[:3] + [full])
+
+    def fastest(texts: list[str]) -> float:
+        """The shortest of the runs: the figure a busy machine disturbs least."""
+        best = float("inf")
+        for text in texts:
+            started = time.perf_counter()
+            embedder.embed([text])
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    short, long = fastest(words), fastest([full] * 3)
+    print(f"\nONNX MiniLM int8, 1 thread: {short * 1000:.2f} ms per short text, {long * 1000:.1f} ms per full input")
+    assert short * 10 < long, (short, long)
 
 
 # ----------------------------------------------------------------------------------------

@@ -7,13 +7,16 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import pytest
+from daemon_helpers import scaled
 
 from keymem_daemon.config import Settings
+from keymem_daemon.inference import embedders
 from keymem_daemon.inference.embedders import PieceTableFile, UseEmbedder, load_embedder
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +67,39 @@ def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray
     assert table_file(tmp_path).stat().st_size == 128_010 * 512
 
 
+def test_a_table_file_unchanged_since_its_check_is_trusted_without_reading_it(
+    tmp_path: Path, in_memory: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    UseEmbedder(tmp_path)
+    path = table_file(tmp_path)
+    # As if written by a start an hour ago: its stat no longer matches the record, so the
+    # next start reads it once and records it, and the one after trusts it.
+    long_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(long_ago, long_ago))
+    reads: list[Path] = []
+    same_bytes = embedders._same_bytes
+
+    def counted(at: Path, table: np.ndarray) -> bool:
+        reads.append(at)
+        return same_bytes(at, table)
+
+    monkeypatch.setattr(embedders, "_same_bytes", counted)
+    assert np.array_equal(UseEmbedder(tmp_path).embed(TEXTS), in_memory)
+    assert reads == [path], "a file whose mtime is newer than its record is read"
+    assert np.array_equal(UseEmbedder(tmp_path).embed(TEXTS), in_memory)
+    assert reads == [path], "the file is as it was checked: nothing read"
+
+    # Changed in place (its mtime moves): read again, found damaged, rewritten.
+    with path.open("r+b") as f:
+        f.seek(12_345_678)
+        byte = f.read(1)
+        f.seek(12_345_678)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert np.array_equal(UseEmbedder(tmp_path).embed(TEXTS), in_memory)
+    assert reads == [path, path]
+    assert not list(tmp_path.glob("*.partial"))
+
+
 def test_a_table_dir_that_cannot_be_made_keeps_the_table_in_memory(
     tmp_path: Path, in_memory: np.ndarray, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -97,7 +133,7 @@ def mimalloc_options(env: dict[str, str]) -> str:
     """What Kiwi's allocator reports as its options, after allocators.configure() ran."""
     code = "from keymem_daemon import allocators; allocators.configure(); import kiwipiepy"
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "MIMALLOC_VERBOSE": "1"},
-                          capture_output=True, text=True, timeout=60, check=True)
+                          capture_output=True, text=True, timeout=scaled(60), check=True)
     return proc.stderr
 
 

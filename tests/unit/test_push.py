@@ -26,8 +26,6 @@ def evidence(**changes: object) -> push.Evidence:
         "score": 1.0,
         "project": False,
         "general": False,
-        "unknown_name": False,
-        "keys_cosine": 0.2,
     }
     base.update(changes)
     return push.Evidence(**base)  # type: ignore[arg-type]
@@ -69,6 +67,28 @@ def test_more_evidence_of_what_the_memory_is_about_raises_the_task_gate() -> Non
     strong = push.decide(push.features(evidence(), 1.0, 0.0))
     general = push.decide(push.features(evidence(general=True), 1.0, 0.0))
     assert weak < strong and general < strong
+
+
+@pytest.mark.parametrize(("prompt", "question"), [
+    ("When is Priya's birthday?", True),
+    ("which font should I use for the terminal", True),
+    ("Priya 생일이 언제야?", True),
+    ("우리 팀 슬랙 채널 이름이 뭐야", True),
+    ("set up dark mode in vscode", False),
+    ("inventory-sync 새 빌드 서버에 배포해줘", False),
+    ("refactor this, it's unreadable: def calc(u, q, t): ...", False),
+])
+def test_a_question_is_told_from_a_task(prompt: str, question: bool) -> None:
+    assert push.asks_question(prompt) is question
+
+
+def test_what_a_memory_leaves_of_a_question_unexplained_counts_against_it() -> None:
+    task = dict(zip(push.FEATURES, push.features(evidence(relevance=0.3), 1.0, 0.0), strict=True))
+    asked = dict(zip(push.FEATURES, push.features(evidence(relevance=0.3, question=True), 1.0, 0.0), strict=True))
+    assert task["question"] == 0.0 and task["question_unexplained"] == 0.0
+    assert asked["question"] == 1.0 and asked["question_unexplained"] == pytest.approx(0.7)
+    # The same evidence speaks for a task and less for a question it leaves 0.7 unexplained.
+    assert push.decide(tuple(asked.values())) < push.decide(tuple(task.values()))
 
 
 @pytest.mark.parametrize(("token", "expected"), [

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from daemon_helpers import scaled
 
 from keymem_daemon import __version__, runtime
 from keymem_daemon.errors import Conflict, DaemonNotRunning
@@ -193,7 +194,7 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
         assert not runtime.lock_is_free(tmp_path)
         holder.kill()
-        holder.wait(timeout=10)
+        holder.wait(timeout=scaled(10))
         assert runtime.wait_for_lock_free(tmp_path, 10)
     finally:
         if holder.poll() is None:
@@ -236,7 +237,8 @@ def test_runtime_imports_nothing_heavy() -> None:
         "'apscheduler', 'keymem_daemon.engine', 'keymem_daemon.service', 'keymem_daemon.http.app') "
         "if m in sys.modules]; print(heavy)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            timeout=scaled(30))
     assert result.stdout.strip() == "[]"
 
 
@@ -247,7 +249,8 @@ def test_the_daemon_imports_no_http_client() -> None:
         "import sys; import keymem_daemon.cli, keymem_daemon.daemon, keymem_daemon.http.app, keymem_daemon.service; "
         "print([m for m in ('httpx', 'rich', 'pygments') if m in sys.modules])"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            timeout=scaled(30))
     assert result.stdout.strip() == "[]"
 
 

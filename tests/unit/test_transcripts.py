@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_helpers import scaled
 
 from keymem_daemon import transcripts
 from keymem_daemon.config import Settings
@@ -897,7 +898,7 @@ def test_issue_19_a_60_mb_transcript_is_answered_in_bounded_size_and_memory(root
 
     def measure(*what: str) -> dict[str, float]:
         done = subprocess.run([sys.executable, "-c", _MEASURE, str(roots.claude), str(roots.codex), *what],
-                              capture_output=True, text=True, timeout=240, check=True)
+                              capture_output=True, text=True, timeout=scaled(240), check=True)
         figures: dict[str, float] = json.loads(done.stdout)
         return figures
 

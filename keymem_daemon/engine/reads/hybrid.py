@@ -14,6 +14,7 @@ returned is reinforced through the writer (``bump_links``, ``decay_links``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -56,9 +57,12 @@ from keymem_daemon.engine.reads.signals import (
 )
 from keymem_daemon.engine.records import Hit, Memory
 from keymem_daemon.engine.text import truncate
+from keymem_daemon.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import MemoryGraph
+
+logger = logging.getLogger(__name__)
 
 KEY_PATH_KEYS: Final = 10
 # A matched key adds its members as candidates only when it has at most this many; keys
@@ -236,14 +240,24 @@ def _share_evidence(graph: MemoryGraph, live: Sequence[Memory], cands: Mapping[s
                 bonus[m.id] = max(bonus.get(m.id, 0.0), share)
     sizes = graph.key_counts({k for keys in link_map.values() for k in keys}, scope, now).counts
     total = max(1, len(graph.bodies))
+    weights: dict[str, float] = {}
 
     def weight(kid: str) -> float:
-        return key_weight(sizes.get(kid, 1), total)
+        value = weights.get(kid)
+        if value is None:
+            value = weights[kid] = key_weight(sizes.get(kid, 1), total)
+        return value
 
+    # Only a memory sharing one of the seed's keys gains (association_bonus is 0 for the rest).
+    holders: dict[str, set[str]] = {}
+    for mid, keys in link_map.items():
+        for kid in keys:
+            holders.setdefault(kid, set()).add(mid)
     for seed in seeds[:PRF_SEEDS]:
         seed_keys = link_map.get(seed.id, {})
+        sharing = set().union(*(holders.get(kid, ()) for kid in seed_keys))
         for m in live:
-            if m.id == seed.id:
+            if m.id == seed.id or m.id not in sharing:
                 continue
             extra = association_bonus(cands[seed.id].score, seed_keys, link_map.get(m.id, {}), weight)
             if extra:
@@ -318,7 +332,12 @@ def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequenc
         writer.bump_links(bumps, ceiling=LINK_MAX)
         writer.decay_links(matched_set, returned, EXPLORED_DECAY, floor=LINK_MIN)
 
-    graph.store.write(write)
+    try:
+        graph.store.write(write)
+    except StoreUnavailable:
+        # A shared store's server that does not answer: the recall is served (from the local
+        # replica) without its reinforcement, which is bookkeeping, not the answer.
+        logger.debug("recall not reinforced: the store does not answer")
 
 
 def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, Memory],

@@ -9,7 +9,7 @@ from typing import Final
 
 from keymem_daemon.engine.indexes import vector_from, vector_problem
 from keymem_daemon.engine.links import LINK_MIN, dismissed_weight, reinforced_weight
-from keymem_daemon.engine.ports import Writer
+from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.engine.records import (
     ConfirmResult,
     DismissResult,
@@ -22,7 +22,7 @@ from keymem_daemon.engine.records import (
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.engine.validate import evidence_arg, require_str
 from keymem_daemon.engine.writes.remember import Host, Remembering
-from keymem_daemon.errors import InvalidInput, NotFound
+from keymem_daemon.errors import InvalidInput, NotFound, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -44,19 +44,28 @@ class Feedback(Remembering):
         weak = self.buffer.consume(via_key_id) if via_key_id and self.settings.autokey else None
         query_vector = self.embedder.embed([weak.query])[0] if weak is not None else None
 
+        def check(reader: Reader, now: float) -> tuple[Memory, float | None]:
+            memory = self.active_memory(reader, memory_id, ns, now)
+            weight = reader.link_weight(via_key_id, memory.id) if via_key_id is not None else None
+            if via_key_id is not None and weight is None:
+                raise NotFound(f"Key {via_key_id} is not linked to memory {memory.id}")
+            return memory, weight
+
         def write(writer: Writer) -> None:
             now = self.clock()
-            memory = self.active_memory(writer, memory_id, ns, now)
-            if via_key_id is not None:
-                weight = writer.link_weight(via_key_id, memory.id)
-                if weight is None:
-                    raise NotFound(f"Key {via_key_id} is not linked to memory {memory.id}")
+            memory, weight = check(writer, now)
+            if via_key_id is not None and weight is not None:
                 writer.set_link_weight(via_key_id, memory.id, reinforced_weight(weight))
                 if weak is not None and query_vector is not None:
                     self.learn_alias(writer, via_key_id, memory.id, weak.query, weak.score, query_vector)
             writer.count_access(memory.id, now)
 
-        self.store.write(write)
+        try:
+            self.store.write(write)
+        except StoreUnavailable:
+            # A shared store's server that does not answer: the memory is read (from the local
+            # replica) without the bookkeeping, which is no part of the answer.
+            self.store.read(lambda reader: check(reader, self.clock()))
         return self.store.read(lambda reader: self.read_memory_view(reader, memory_id, via_key_id))
 
     def confirm_memory(self, memory_id: object, evidence: object, *, namespace: object = None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -32,9 +33,17 @@ WAKE_INTERVAL: Final = 1.0
 """Seconds a follower waits for a NOTIFY before looking anyway: the bound on how late a change
 is read when its notification came while an older transaction was still open."""
 CONNECT_TIMEOUT: Final = 5
+LIVENESS: Final[dict[str, Any]] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+                                   "keepalives_count": 3, "tcp_user_timeout": 5000}
+"""libpq options that make a connection whose network dropped (no reset from the server: a
+cable, a VPN, a suspended laptop) fail within seconds instead of the kernel's minutes: an idle
+one is probed after 5 s (and given up after 3 missed probes 2 s apart), and unacknowledged
+data is given up after 5 s. Every connection of the daemon uses them."""
 RECONNECT_BACKOFF: Final = 0.5
 """Seconds before the first reconnect after the connection was lost, doubling each time."""
-MAX_RECONNECT_BACKOFF: Final = 30.0
+MAX_RECONNECT_BACKOFF: Final = 10.0
+"""The longest wait between reconnects: while the follower is away the daemon serves reads from
+its replica and refuses writes, so a server that is back is found again within this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,9 @@ class ChangeFollower:
         # Whether the follower holds a connection to the change log now: while it does not,
         # what the daemon holds in memory may lag the server (status says "possibly stale").
         self.connected = False
+        # When (time.monotonic) the last round that read the change log up to its end began:
+        # whatever the server held then has reached the daemon.
+        self.caught_up_at = float("-inf")
         self._url = url
         self._on_changes = on_changes
         self._stop = threading.Event()
@@ -97,7 +109,7 @@ class ChangeFollower:
         delay = RECONNECT_BACKOFF
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **LIVENESS) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     delay = RECONNECT_BACKOFF
                     self.connected = True
@@ -115,6 +127,7 @@ class ChangeFollower:
                 delay = min(delay * 2, MAX_RECONNECT_BACKOFF)
 
     def _catch_up(self, conn: psycopg.Connection[Any]) -> None:
+        began = time.monotonic()
         changes, cursor = read_changes(conn, self.cursor)
         if changes:
             try:
@@ -123,3 +136,4 @@ class ChangeFollower:
                 logger.exception("applying %d changes failed; they are read again", len(changes))
                 return
         self.cursor = cursor
+        self.caught_up_at = began

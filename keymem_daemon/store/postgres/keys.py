@@ -31,15 +31,17 @@ class PgKeyRows:
     # -- reads ----------------------------------------------------------------------------
 
     def key_info(self, key_id: str) -> KeyInfo:
-        rows = self._rows("SELECT id, concept, compact, key_type FROM keys WHERE id = %s", (key_id,))
+        # One round trip: the key, its aliases (alias, compact) and its link count.
+        rows = self._rows(
+            "SELECT id, concept, compact, key_type, ARRAY(SELECT ARRAY[a.alias, a.compact] FROM aliases a "
+            "WHERE a.key_id = k.id ORDER BY a.added_at), (SELECT COUNT(*) FROM links l WHERE l.key_id = k.id) "
+            "FROM keys k WHERE id = %s", (key_id,))
         if not rows:
             raise KeyError(key_id)
-        key_id, concept, compact, key_type = rows[0]
-        aliases = self._rows("SELECT alias, compact FROM aliases WHERE key_id = %s ORDER BY added_at", (key_id,))
-        count = int(self._value("SELECT COUNT(*) FROM links WHERE key_id = %s", (key_id,)))
+        key_id, concept, compact, key_type, aliases, count = rows[0]
         return KeyInfo(id=key_id, concept=concept, key_type=key_type, compact=compact,
                        aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
-                       link_count=count)
+                       link_count=int(count))
 
     def key_concept(self, key_id: str) -> str | None:
         value = self._value("SELECT concept FROM keys WHERE id = %s", (key_id,))
@@ -99,11 +101,11 @@ class PgKeyRows:
 
     def key_texts_of(self, memory_id: str) -> list[str]:
         texts: list[str] = []
-        for concept, key_id in self._rows(
-                "SELECT k.concept, k.id FROM links l JOIN keys k ON k.id = l.key_id WHERE l.memory_id = %s",
-                (memory_id,)):
+        for concept, aliases in self._rows(
+                "SELECT k.concept, ARRAY(SELECT a.alias FROM aliases a WHERE a.key_id = k.id) "
+                "FROM links l JOIN keys k ON k.id = l.key_id WHERE l.memory_id = %s", (memory_id,)):
             texts.append(concept)
-            texts.extend(a[0] for a in self._rows("SELECT alias FROM aliases WHERE key_id = %s", (key_id,)))
+            texts.extend(aliases)
         return texts
 
     def key_ids_of(self, memory_id: str, *, manual_only: bool = False) -> list[str]:
@@ -138,10 +140,11 @@ class PgKeyRows:
     def link_counts(self) -> dict[str, int]:
         return {r[0]: int(r[1]) for r in self._rows("SELECT key_id, COUNT(*) FROM links GROUP BY key_id")}
 
-    def unexpiring_counts(self) -> list[tuple[str, str, int]]:
+    def unexpiring_counts(self, of: Sequence[str] | None = None) -> list[tuple[str, str, int]]:
         return [(r[0], r[1], int(r[2])) for r in self._rows(
             "SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
-            "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace")]
+            "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL AND (%s::text[] IS NULL OR l.key_id = ANY(%s)) "
+            "GROUP BY l.key_id, m.namespace", (None if of is None else list(of), None if of is None else list(of)))]
 
     def loanword_evidence(self, key_id: str, limit: int) -> list[tuple[str, list[str]]]:
         return [(content, keys.split(_UNIT)) for content, keys in self._rows(

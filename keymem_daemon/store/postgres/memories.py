@@ -33,6 +33,8 @@ class PgMemoryRows:
     """The memory-row operations of a PostgreSQL reader/writer."""
 
     _conn: psycopg.Connection[Any]
+    # Set by a write that changed the lexical index: its BM25 statistics are renewed after COMMIT.
+    index_changed: bool
 
     def _memories(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Memory]:
         return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(), params)]
@@ -67,14 +69,13 @@ class PgMemoryRows:
         return None if value is None else str(value)
 
     def member_state(self, memory_id: str) -> MemberState | None:
-        row = self._conn.execute("SELECT namespace, expires_at, superseded_by FROM memories WHERE id = %s",
-                                 (memory_id,)).fetchone()
+        # Its keys in key order, as SQLite's index on links(memory_id, key_id) hands them out.
+        row = self._conn.execute(
+            "SELECT namespace, expires_at, superseded_by, ARRAY(SELECT l.key_id FROM links l "
+            "WHERE l.memory_id = m.id ORDER BY l.key_id) FROM memories m WHERE id = %s", (memory_id,)).fetchone()
         if row is None or row[2] is not None:
             return None
-        # In key order, as SQLite's index on links(memory_id, key_id) hands them out.
-        keys = tuple(r[0] for r in self._conn.execute(
-            "SELECT key_id FROM links WHERE memory_id = %s ORDER BY key_id", (memory_id,)))
-        return MemberState(row[0], keys, row[1])
+        return MemberState(row[0], tuple(row[3]), row[1])
 
     def count_active(self, namespace: str | None, now: float) -> int:
         return int(self._value(f"SELECT COUNT(*) FROM memories m WHERE {ACTIVE} "
@@ -203,6 +204,7 @@ class PgMemoryRows:
         self._conn.execute("UPDATE memories SET superseded_by = NULL WHERE id = %s", (memory_id,))
 
     def delete_memory(self, memory_id: str) -> None:
+        self.index_changed = True  # its index row goes with it
         self._conn.execute("DELETE FROM memories WHERE id = %s", (memory_id,))
 
     def confirm(self, memory_id: str, *, now: float, depth_step: float, evidence: str,
@@ -244,14 +246,17 @@ class PgMemoryRows:
     # -- the lexical index rows a write keeps in step ---------------------------------------
 
     def index_memory(self, memory_id: str, content_tokens: str, key_tokens: str) -> None:
+        self.index_changed = True
         self._conn.execute(
             "INSERT INTO memory_fts(memory_id, content_tokens, key_tokens) VALUES (%s, %s, %s) "
             "ON CONFLICT (memory_id) DO UPDATE SET content_tokens = excluded.content_tokens, "
             "key_tokens = excluded.key_tokens", (memory_id, content_tokens, key_tokens))
 
     def set_key_tokens(self, memory_id: str, key_tokens: str) -> None:
+        self.index_changed = True
         self._conn.execute("UPDATE memory_fts SET key_tokens = %s WHERE memory_id = %s", (key_tokens, memory_id))
 
     def unindex(self, rowid: int) -> None:
+        self.index_changed = True
         self._conn.execute("DELETE FROM memory_fts WHERE memory_id = (SELECT id FROM memories WHERE rowid = %s)",
                            (rowid,))

@@ -15,7 +15,7 @@ work on a psycopg connection pool, many daemons on one database.
   and two reinforcements of one link both count, without the engine knowing. ``fn`` must
   therefore do nothing outside the transaction but register ``after_commit`` callbacks
   (which is how the engine's writes are built); callbacks of a failed attempt are dropped.
-- **Errors name the server.** A connection that fails or drops becomes ``StoreError``
+- **Errors name the server.** A connection that fails or drops becomes ``StoreUnavailable`` (a ``StoreError``)
   naming ``host:port/database as role`` -- never the password; a write row-level security
   refuses (no write grant on the namespace) becomes ``Refused``.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,12 +36,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import describe_store_url
 from keymem_daemon.engine.ports import Reader, Writer
-from keymem_daemon.errors import Conflict, Refused, StoreError
+from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.memories import PgMemoryRows
-from keymem_daemon.store.postgres.search import PgSearchRows, PgSearchWriteRows
+from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
 
 logger = logging.getLogger(__name__)
@@ -73,11 +74,22 @@ RECONNECT_TIMEOUT: Final = 24 * 3600.0
 _RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 
 
+def _check_if_closed(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection it hands out: an idle connection the server closed
+    (a restart, an administrator's kill) has its goodbye or EOF waiting on the socket, so
+    only then is it probed with a round trip -- which fails, and the pool connects anew. A
+    round trip on every checkout cost each unit of work a third of its round trips."""
+    if conn.closed or select.select([conn.fileno()], [], [], 0)[0]:
+        ConnectionPool.check_connection(conn)
+
+
 @dataclass(slots=True)
 class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectRows):
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
+    _lexicon: LexicalStatistics
+    _generation: int  # the lexicon's, before the snapshot was taken
 
 
 @dataclass(slots=True)
@@ -85,6 +97,7 @@ class PgWriter(PgReader, PgSearchWriteRows, PgTransferWriteRows, PgInspectWriteR
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)
+    index_changed: bool = False
 
     def after_commit(self, callback: Callable[[], object]) -> None:
         self._after.append(callback)
@@ -100,6 +113,7 @@ class PostgresRepository:
         self.shared = True  # every daemon of the team writes here
         self.lost: str | None = None
         self._pool = pool
+        self._lexicon = LexicalStatistics()
 
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE) -> PostgresRepository:
@@ -108,10 +122,10 @@ class PostgresRepository:
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT}, name="keymem",
-            # Each checkout proves its connection alive (one round trip): after the server
-            # restarts, the first unit gets a new connection instead of failing on a dead one.
-            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, **changes.LIVENESS}, name="keymem",
+            # After the server restarts, the first unit gets a new connection instead of
+            # failing on a dead one (without a round trip per checkout: _check_if_closed).
+            check=_check_if_closed,
             # Reconnecting after an outage backs off from 1 s up to a minute (psycopg_pool's).
             reconnect_timeout=RECONNECT_TIMEOUT)
         try:
@@ -139,14 +153,19 @@ class PostgresRepository:
 
     def read(self, fn: Callable[[Reader], T]) -> T:
         """Run ``fn`` inside one read-only snapshot."""
+        return self.snapshot(lambda conn: fn(PgReader(conn, self._lexicon, self._lexicon.generation)))
+
+    def snapshot(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` on a pooled connection inside one read-only snapshot (``read``'s, and
+        the local replica's copy of the rows: store/postgres/offline.py)."""
         try:
             with self._pool.connection() as conn:
                 conn.isolation_level = IsolationLevel.REPEATABLE_READ
                 conn.read_only = True
                 with conn.transaction():
-                    return fn(PgReader(conn))
+                    return fn(conn)
         except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
+            raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
@@ -158,7 +177,7 @@ class PostgresRepository:
                 with self._pool.connection() as conn:
                     conn.isolation_level = IsolationLevel.SERIALIZABLE
                     conn.read_only = False
-                    writer = PgWriter(conn)
+                    writer = PgWriter(conn, self._lexicon, self._lexicon.generation)
                     with conn.transaction():
                         # A sequential scan makes a serializable transaction conflict with every
                         # write to that table (PostgreSQL's docs: encourage index scans), and on
@@ -178,8 +197,10 @@ class PostgresRepository:
                 raise Refused(f"the store at {self.where} refused the write: {str(exc).strip()} (ask the "
                               "database owner for a write grant: keymemd team grant NAMESPACE ROLE --write)") from None
             except (PoolTimeout, psycopg.OperationalError) as exc:
-                raise StoreError(f"the store at {self.where} refused the write or does not answer: "
+                raise StoreUnavailable(f"the store at {self.where} refused the write or does not answer: "
                                  f"{str(exc).strip()}; nothing was written") from None
+            if writer.index_changed:
+                self._lexicon.renew()
             for callback in writer._after:
                 try:
                     callback()
@@ -197,7 +218,7 @@ class PostgresRepository:
                 conn.commit()
                 return cursor
         except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise StoreError(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
+            raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def analyze(self) -> None:
         """Nothing to do: the server's autovacuum keeps the planner's statistics."""

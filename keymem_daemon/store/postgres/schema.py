@@ -14,7 +14,7 @@ What PostgreSQL adds to the SQLite schema (all in step 1):
   Kiwi/stemmed ``content_tokens`` and ``key_tokens`` the SQLite FTS5 table stores, and a
   generated ``lexemes`` tsvector built from those tokens as they are (``keymem_tsvector``:
   no second tokenizer, positions kept so term frequencies count; content weighted A, keys B),
-  under a GIN index.
+  under a GIN index, and ``doc_len``, the row's token count, which BM25's statistics sum.
 - **Change log.** ``changes`` gets one row per changed memory, key, alias, link, relation or
   meta entry, written by triggers in the transaction of the write itself (no code path can
   forget it), and every statement that adds rows sends ``NOTIFY keymem_changes`` (delivered
@@ -181,7 +181,11 @@ CREATE TABLE memory_fts (
     content_tokens text NOT NULL,
     key_tokens text NOT NULL,
     lexemes tsvector GENERATED ALWAYS AS
-        (keymem_tsvector(content_tokens, 'A') || keymem_tsvector(key_tokens, 'B')) STORED
+        (keymem_tsvector(content_tokens, 'A') || keymem_tsvector(key_tokens, 'B')) STORED,
+    -- Tokens in both columns (FTS5's document length): the BM25 statistics sum it.
+    doc_len integer GENERATED ALWAYS AS
+        (cardinality(array_remove(string_to_array(content_tokens, ' '), ''))
+         + cardinality(array_remove(string_to_array(key_tokens, ' '), ''))) STORED
 );
 CREATE INDEX memory_fts_lexemes ON memory_fts USING gin (lexemes);
 

@@ -5,25 +5,95 @@ Lexical search scores as SQLite FTS5's ``bm25()`` does (k1 1.2, b 0.75, the same
 weights, IDF floored at 1e-6), over the same stored tokens: the GIN index on the tsvector
 finds the candidates, and the score counts each query token in each column's token list.
 Document count and average length are taken over the index rows the role can see (FTS5:
-the whole index; the same when every namespace is granted). They are aggregated per query,
-which costs a scan of ``memory_fts``: a maintained statistics row is the next step for a
-100k store."""
+the whole index; the same when every namespace is granted). Counting them scans
+``memory_fts``, so each repository keeps them (``LexicalStatistics``): renewed after each of
+its own writes that changed the index, and at most ``STATISTICS_MAX_AGE`` old otherwise."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import psycopg
 
 from keymem_daemon.store.postgres.memories import ACTIVE
-from keymem_daemon.store.sqlite.search import LEXICAL_WEIGHTS, Scope
+from keymem_daemon.store.sqlite.search import LEXICAL_OVERFETCH, LEXICAL_WEIGHTS, Scope
 
 _K1: Final = 1.2  # FTS5's bm25 constants
 _B: Final = 0.75
 _MIN_IDF: Final = 1e-6
 # One token as a tsquery lexeme, quoted as keymem_tsvector quotes it (schema.py).
 _LEXEME: Final = "('''' || replace(replace({t}, '\\', '\\\\'), '''', '''''') || '''')::tsquery"
-_TOKENS: Final = "array_remove(string_to_array({col}, ' '), '')"
+STATISTICS_MAX_AGE: Final = 5.0
+"""Seconds the index-wide BM25 statistics are reused before they are counted again: how late
+another daemon's writes shift this daemon's lexical scores (its own writes renew them at once).
+Counting them reads every index row the role can see (~tens of ms at 100k memories)."""
+
+
+class LexicalStatistics:
+    """The document count and average document length of the index rows a repository's role
+    can see, counted once and reused by its reads (thread-safe). ``renew()`` after COMMIT of a
+    write that changed the index; a read unit notes the ``generation`` before its snapshot."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counted: tuple[float, float] | None = None
+        self._at = 0.0
+        self.generation = 0
+
+    def renew(self) -> None:
+        with self._lock:
+            self._counted = None
+            self.generation += 1
+
+    def statistics(self, conn: psycopg.Connection[Any], *, since: int) -> tuple[float, float]:
+        """(documents, average document length), reused or counted in ``conn``'s snapshot,
+        which its unit took at generation ``since``."""
+        with self._lock:
+            if self._counted is not None and self._clock() - self._at < STATISTICS_MAX_AGE:
+                return self._counted
+        row = conn.execute("SELECT count(*)::float8, COALESCE(avg(doc_len), 0)::float8 FROM memory_fts").fetchone()
+        counted = (float(row[0]), float(row[1])) if row else (0.0, 0.0)  # an aggregate always has its row
+        with self._lock:
+            # Counted in a snapshot older than a renewal: right for this read, not for later ones.
+            # An empty index is not kept: its zero average would divide the first rows another
+            # daemon adds (and counting no rows costs nothing).
+            if since == self.generation and counted[0] > 0:
+                self._counted, self._at = counted, self._clock()
+        return counted
+
+
+def _ranked(keep: str, join: str) -> str:
+    """BM25 of the index rows matching any query token (``join``: only those it admits),
+    best first, each with whether ``keep`` holds for its memory. Each matching row's token
+    lists are split once (``docs``); a token's frequency in a column is then the number of its
+    positions in the list. Parameters: tokens, document count, [join's], average length,
+    limit, [keep's]."""
+    return f"""
+        WITH q AS (SELECT t FROM unnest(%s::text[]) t),
+        -- A count reused from before another daemon's writes can be below a token's hits now.
+        idf AS MATERIALIZED (
+            SELECT q.t, GREATEST({_MIN_IDF}, ln((GREATEST(%s, d.hits) - d.hits + 0.5) / (d.hits + 0.5))) AS idf
+                FROM q, LATERAL (SELECT count(*)::float8 AS hits FROM memory_fts
+                                 WHERE lexemes @@ {_LEXEME.format(t='q.t')}) d),
+        docs AS MATERIALIZED (
+            SELECT f.memory_id, f.doc_len, string_to_array(f.content_tokens, ' ') AS c,
+                   string_to_array(f.key_tokens, ' ') AS k
+            FROM memory_fts f {join}
+            WHERE f.lexemes @@ (SELECT string_agg({_LEXEME.format(t='t')}::text, ' | ')::tsquery FROM q)),
+        ranked AS MATERIALIZED (
+            SELECT x.memory_id, sum(x.idf * (x.w * ({_K1} + 1))
+                                    / (x.w + {_K1} * (1 - {_B} + {_B} * x.doc_len / %s::float8))) AS score
+            FROM (SELECT d.memory_id, d.doc_len, i.idf,
+                         {LEXICAL_WEIGHTS[0]}::float8 * cardinality(array_positions(d.c, i.t))
+                         + {LEXICAL_WEIGHTS[1]}::float8 * cardinality(array_positions(d.k, i.t)) AS w
+                  FROM docs d CROSS JOIN idf i) x
+            WHERE x.w > 0
+            GROUP BY x.memory_id ORDER BY score DESC, x.memory_id LIMIT %s)
+        SELECT r.memory_id, r.score, {keep} FROM ranked r JOIN memories m ON m.id = r.memory_id
+        ORDER BY r.score DESC, r.memory_id"""
 
 
 def _scope(scope: Scope) -> tuple[str, list[Any]]:
@@ -36,6 +106,8 @@ class PgSearchRows:
     """Retrieval's and the push path's reads."""
 
     _conn: psycopg.Connection[Any]
+    _lexicon: LexicalStatistics
+    _generation: int
 
     def lexical_hits(self, tokens: Sequence[str], scope: Scope, now: float, limit: int
                      ) -> list[tuple[str, float]]:
@@ -43,26 +115,19 @@ class PgSearchRows:
         if not terms:
             return []
         where, params = _scope(scope)
-        content, keys = _TOKENS.format(col="f.content_tokens"), _TOKENS.format(col="f.key_tokens")
-        sql = f"""
-            WITH q AS (SELECT t FROM unnest(%s::text[]) t),
-            stats AS (SELECT count(*)::float8 AS n,
-                             avg(cardinality({_TOKENS.format(col='content_tokens')})
-                                 + cardinality({_TOKENS.format(col='key_tokens')}))::float8 AS avgdl
-                      FROM memory_fts),
-            idf AS (SELECT q.t, GREATEST({_MIN_IDF}, ln((s.n - d.hits + 0.5) / (d.hits + 0.5))) AS idf
-                    FROM q, stats s, LATERAL (SELECT count(*)::float8 AS hits FROM memory_fts
-                                              WHERE lexemes @@ {_LEXEME.format(t='q.t')}) d),
-            docs AS (SELECT f.memory_id, {content} AS c, {keys} AS k FROM memory_fts f
-                     WHERE f.lexemes @@ (SELECT string_agg({_LEXEME.format(t='t')}::text, ' | ')::tsquery FROM q))
-            SELECT d.memory_id, sum(i.idf * (w.w * ({_K1} + 1))
-                       / (w.w + {_K1} * (1 - {_B} + {_B} * (cardinality(d.c) + cardinality(d.k)) / s.avgdl))) AS score
-            FROM docs d JOIN memories m ON m.id = d.memory_id CROSS JOIN stats s CROSS JOIN idf i,
-                 LATERAL (SELECT {LEXICAL_WEIGHTS[0]} * (SELECT count(*) FROM unnest(d.c) x WHERE x = i.t)
-                               + {LEXICAL_WEIGHTS[1]} * (SELECT count(*) FROM unnest(d.k) x WHERE x = i.t) AS w) w
-            WHERE w.w > 0 AND {ACTIVE}{where}
-            GROUP BY d.memory_id ORDER BY score DESC, d.memory_id LIMIT %s"""
-        rows = self._conn.execute(sql.encode(), [terms, now, *params, limit]).fetchall()
+        documents, avgdl = self._lexicon.statistics(self._conn, since=self._generation)
+        fetch = LEXICAL_OVERFETCH * limit
+        # The index alone first, as on SQLite: joining every match to ``memories`` before
+        # the LIMIT costs several times as much on a large store.
+        rows = self._conn.execute(_ranked(f"{ACTIVE}{where}", "").encode(),
+                                  [terms, documents, avgdl, fetch, now, *params]).fetchall()
+        out = [(r[0], float(r[1])) for r in rows if r[2]]
+        if len(out) >= limit or len(rows) < fetch:
+            return out[:limit]
+        # Most matches are inactive or outside the scope (a small namespace): filter them first.
+        join = f"JOIN memories m ON m.id = f.memory_id AND {ACTIVE}{where}"
+        rows = self._conn.execute(_ranked("true", join).encode(),
+                                  [terms, documents, now, *params, avgdl, limit]).fetchall()
         return [(r[0], float(r[1])) for r in rows]
 
     def indexed_tokens(self, memory_ids: Iterable[str]) -> dict[str, tuple[list[str], list[str]]]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 from keymem_daemon.errors import StoreError
+from keymem_daemon.store.sqlite.search import Vocabulary
 from keymem_daemon.store.sqlite.session import SqliteReader, SqliteWriter
 
 logger = logging.getLogger(__name__)
@@ -234,6 +235,8 @@ class Store:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        # Document frequencies of the lexical index, kept between the writes that change it.
+        self.vocabulary = Vocabulary()
         self._thread = threading.Thread(target=self._run_writer, name="keymem-writer", daemon=True)
 
     @classmethod
@@ -328,7 +331,7 @@ class Store:
             fn, future = item
             if not future.set_running_or_notify_cancel():
                 continue
-            tx = SqliteWriter(conn)
+            tx = SqliteWriter(conn, self.vocabulary)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 result = fn(tx)
@@ -336,10 +339,12 @@ class Store:
             except BaseException as exc:  # noqa: BLE001 - every failure rolls back
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                self.vocabulary.settle()
                 if isinstance(exc, sqlite3.DatabaseError):
                     exc = StoreError(f"the store refused the write: {exc}{damage_hint(exc, self.backup_dir)}")
                 future.set_exception(exc)
                 continue
+            self.vocabulary.settle()
             for callback in tx.run_after_commit():
                 try:
                     callback()
@@ -372,9 +377,10 @@ class Store:
     def read(self, fn: Callable[[SqliteReader], T]) -> T:
         """Run ``fn`` on this thread's read connection inside one snapshot."""
         conn = self._reader()
+        seen = self.vocabulary.generation  # before the snapshot begins (see Vocabulary)
         conn.execute("BEGIN")
         try:
-            return fn(SqliteReader(conn))
+            return fn(SqliteReader(conn, self.vocabulary, seen))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the store refused a read: {exc}{damage_hint(exc, self.backup_dir)}") from exc
         finally:

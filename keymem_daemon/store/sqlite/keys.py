@@ -137,10 +137,13 @@ class KeyRows:
     def link_counts(self) -> dict[str, int]:
         return dict(self._conn.execute("SELECT key_id, COUNT(*) FROM links GROUP BY key_id").fetchall())
 
-    def unexpiring_counts(self) -> list[tuple[str, str, int]]:
-        return [(r[0], r[1], r[2]) for r in self._conn.execute(
-            "SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
-            "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL GROUP BY l.key_id, m.namespace").fetchall()]
+    def unexpiring_counts(self, of: Sequence[str] | None = None) -> list[tuple[str, str, int]]:
+        sql = ("SELECT l.key_id, m.namespace, COUNT(*) FROM links l JOIN memories m ON m.id = l.memory_id "
+               "WHERE m.superseded_by IS NULL AND m.expires_at IS NULL{keys} GROUP BY l.key_id, m.namespace")
+        if of is None:
+            return [(r[0], r[1], r[2]) for r in self._conn.execute(sql.format(keys="")).fetchall()]
+        return [(r[0], r[1], r[2]) for r in rows_in(self._conn, sql.format(keys=" AND l.key_id IN ({marks})"),
+                                                   list(of))]
 
     def loanword_evidence(self, key_id: str, limit: int) -> list[tuple[str, list[str]]]:
         return [(content, keys.split(_UNIT)) for content, keys in self._conn.execute(

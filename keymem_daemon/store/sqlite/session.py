@@ -8,6 +8,7 @@ mixin per area so the SQL of an area lives in one module:
 - ``search.py``    FTS5 and the reads retrieval and the push path make
 - ``transfer.py``  export and import rows
 - ``inspect.py``   the inspector's and the activity log's reads and writes
+- ``replica.py``   rows copied from a shared store into a local read replica (not the engine's)
 
 The engine sees them only as ``engine.ports.Reader`` / ``engine.ports.Writer``.
 """
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from keymem_daemon.store.sqlite.inspect import InspectRows, InspectWriteRows
 from keymem_daemon.store.sqlite.keys import KeyRows
 from keymem_daemon.store.sqlite.memories import MemoryRows
-from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows
+from keymem_daemon.store.sqlite.replica import ReplicaWriteRows
+from keymem_daemon.store.sqlite.search import LexicalRows, SearchRows, SearchWriteRows, Vocabulary
 from keymem_daemon.store.sqlite.transfer import TransferRows, TransferWriteRows
 
 
@@ -36,6 +38,8 @@ class SqliteReader(
     """One snapshot of the database, on the calling thread's read connection."""
 
     _conn: sqlite3.Connection
+    _vocabulary: Vocabulary | None = None
+    _vocabulary_seen: int | None = None
 
     def integrity_check(self) -> str:
         """SQLite's verdict on the whole file: ``ok``, or the first problem it found."""
@@ -46,7 +50,8 @@ class SqliteReader(
 class SqliteWriter(SqliteReader,
                    SearchWriteRows,
                    TransferWriteRows,
-                   InspectWriteRows):
+                   InspectWriteRows,
+                   ReplicaWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
     _after: list[Callable[[], object]] = field(default_factory=list)

@@ -1,0 +1,333 @@
+"""Personal namespaces in the local SQLite store, team namespaces in PostgreSQL (issue 22).
+
+With ``KEYMEM_STORE_URL`` and ``KEYMEM_TEAM_NAMESPACES`` both set, the daemon holds two
+engines -- the same ``MemoryGraph`` over two repositories -- and ``Federation`` routes
+between them; nothing here knows SQL or either store:
+
+- **Writes go to the store owning the namespace.** ``remember`` by its namespace (none means
+  ``default``); ``remember_batch`` item by item (a batch spanning both stores is saved as two
+  transactions, one per store, and answered as one batch in the items' order).
+- **Reads by id find the memory where it is.** Memory and key ids are random text, unique
+  across stores: ``read_memory``, ``confirm_memory``, ``correct``, ``forget``, ``dismiss`` and
+  ``related`` go to the store holding the memory (the local one is asked first: it answers
+  without a round trip, and while the server is down); ``read_key`` to the one holding the key.
+- **Reads over one namespace ask its store; reads over every namespace ask both** and merge
+  into one answer of the same shape and size: ``recall`` (key clusters by score, the passive
+  Top-1 of the best key's store), ``recall_memories`` (hits by score), ``browse_keys`` (hubs
+  first, then by memory count), ``list_memories`` (oldest first), ``memory_stats`` and
+  ``cleanup_expired`` (summed), and the push path (surfaced memories by their probability,
+  rendered once within the same ``top_k`` and ``max_chars``).
+
+A memory written before the mapping existed stays where it is: reads over every namespace
+still find it, and ``keymemd migrate-store`` moves a store's contents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar
+
+from keymem_daemon.config import Settings
+from keymem_daemon.engine import limits
+from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.ports import Scope
+from keymem_daemon.engine.reads import inject as push
+from keymem_daemon.engine.reads.recall import NEAREST_KEYS
+from keymem_daemon.engine.records import (
+    BrowseResult,
+    CleanupResult,
+    Hit,
+    IdempotencyKey,
+    ListResult,
+    RecallResult,
+    Replayed,
+    Stats,
+    render,
+)
+from keymem_daemon.engine.text import normalize, normalize_namespace
+from keymem_daemon.engine.validate import namespace_arg
+from keymem_daemon.engine.writes.remember import Host
+from keymem_daemon.errors import StoreError
+from keymem_daemon.mcp import tools
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+Route = Literal["memory", "key", "write", "batch", "spread", "local"]
+
+ROUTES: Final[Mapping[str, Route]] = {
+    "recall": "spread", "browse_keys": "spread", "list_memories": "spread", "memory_stats": "spread",
+    "cleanup_expired": "spread", "recall_memories": "spread",
+    "read_key": "key",
+    "read_memory": "memory", "confirm_memory": "memory", "correct": "memory", "dismiss": "memory",
+    "forget": "memory", "related": "memory",
+    "remember": "write", "remember_batch": "batch",
+    "list_sessions": "local", "get_conversation": "local",
+}
+"""How each tool finds its store (a test checks every tool has a route)."""
+PUSH_KEYS: Final = 8
+"""Matched keys the push path reports (as ``engine.reads.inject`` does for one store)."""
+
+
+class NamespaceRouter:
+    """Which namespaces live in the team store: ``KEYMEM_TEAM_NAMESPACES``'s names, and its
+    prefixes (``team-*``), compared in the engine's normal form."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.exact = frozenset(normalize_namespace(p) for p in patterns if not p.endswith("*"))
+        self.prefixes = tuple(normalize(p[:-1]) for p in patterns if p.endswith("*"))
+
+    def is_team(self, namespace: str) -> bool:
+        """Whether the (normalised) namespace lives in the team store."""
+        return namespace in self.exact or namespace.startswith(self.prefixes)
+
+    def split(self, scope: Scope) -> tuple[Scope, Scope]:
+        """``scope`` as (its local part, its team part); every namespace (None) stays every
+        namespace on both sides."""
+        if scope is None:
+            return None, None
+        team = frozenset(ns for ns in scope if self.is_team(ns))
+        return scope - team, team
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """One store's counts, for ``/v1/stats``."""
+
+    store: str
+    counts: Stats | None
+    """None when the store does not answer."""
+
+
+class Federation:
+    """The local and the team engine behind one daemon, and the routing between them."""
+
+    def __init__(self, local: MemoryGraph, team: MemoryGraph, settings: Settings, *,
+                 team_answers: Callable[[], bool] = lambda: True) -> None:
+        """``team_answers`` says whether the team store is reachable as far as the daemon
+        knows (its change follower is connected): reads over every namespace do not wait on
+        one that is known to be down."""
+        self.local = local
+        self.team = team
+        self.team_answers = team_answers
+        self.settings = settings
+        self.router = NamespaceRouter(settings.team_namespaces or ())
+
+    @property
+    def graphs(self) -> tuple[MemoryGraph, MemoryGraph]:
+        return self.local, self.team
+
+    def close(self) -> None:
+        """Close the team engine (the service closes the local one, its primary graph)."""
+        self.team.close()
+
+    def each(self, fn: Callable[[MemoryGraph], T]) -> list[T]:
+        """``fn`` over both stores, the local one first, for a read over every namespace; a
+        team store that does not answer leaves the local store's answer alone (the daemon's
+        ``stale`` warning says why), a local one that fails fails the read."""
+        out = [fn(self.local)]
+        if not self.team_answers():
+            return out
+        try:
+            out.append(fn(self.team))
+        except StoreError as exc:
+            logger.warning("answering from the local store only: %s", exc.message)
+        return out
+
+    # -- finding the store ------------------------------------------------------------------
+
+    def for_write(self, namespace: object) -> MemoryGraph:
+        """The store a write into ``namespace`` goes to (none or blank: ``default``); a
+        namespace of the wrong type goes to the local one, whose engine refuses it."""
+        if namespace is not None and not isinstance(namespace, str):
+            return self.local
+        return self.team if self.router.is_team(normalize_namespace(namespace)) else self.local
+
+    def for_namespace(self, namespace: object) -> MemoryGraph | None:
+        """The store a read over ``namespace`` asks; None for every namespace (both)."""
+        ns = namespace_arg(namespace)
+        if ns is None:
+            return None
+        return self.team if self.router.is_team(ns) else self.local
+
+    def for_memory(self, memory_id: object) -> MemoryGraph:
+        """The store holding the memory: the local one when it has it, else the team one
+        (which says ``not found`` when neither has it)."""
+        if isinstance(memory_id, str) and self.local.store.read(lambda reader: reader.memory(memory_id)) is None:
+            return self.team
+        return self.local
+
+    def for_key(self, key_id: object) -> MemoryGraph:
+        if isinstance(key_id, str) and self.local.keys.get(key_id) is None and self.team.keys.get(key_id) is not None:
+            return self.team
+        return self.local
+
+    # -- tools ------------------------------------------------------------------------------
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any] | None, host: Host,
+                  idempotency: IdempotencyKey | None) -> tools.Outcome:
+        """``tools.call_tool`` over both stores: the same validation, errors and result shape."""
+        tool = tools.visible_tool(self.settings, host, name)
+
+        def on(graph: MemoryGraph, args: tools.Args) -> Any:
+            return tool.handler(tools.Context(graph, self.settings, host, idempotency), args)
+
+        return tools.outcome(name, arguments, lambda: self._run(tool, arguments, on))
+
+    def _run(self, tool: tools.Tool, arguments: Mapping[str, Any] | None,
+             on: Callable[[MemoryGraph, tools.Args], Any]) -> Any:
+        args = tools.Args(tool, arguments)
+        route = ROUTES[tool.name]
+        if route == "memory":
+            return on(self.for_memory(args.raw("memory_id")), args)
+        if route == "key":
+            return on(self.for_key(args.raw("key_id")), args)
+        if route == "write":
+            return on(self.for_write(args.raw("namespace")), args)
+        if route == "batch":
+            return self._batch(tool, arguments or {}, args, on)
+        if route == "local":
+            return on(self.local, args)
+        one = self.for_namespace(args.raw("namespace")) if "namespace" in tool.properties else None
+        if one is not None:
+            return on(one, args)
+        if tool.name == "browse_keys":
+            return self._browse(args)
+        if tool.name == "list_memories":
+            return self._list(args)
+        merge = _MERGES[tool.name]
+        return merge(self.each(lambda graph: on(graph, args)), args)
+
+    def _batch(self, tool: tools.Tool, arguments: Mapping[str, Any], args: tools.Args,
+               on: Callable[[MemoryGraph, tools.Args], Any]) -> Any:
+        """A batch split by store, each part one transaction of its store; one answer, its
+        items in the order sent (a malformed batch is the local engine's to refuse)."""
+        items = args.array("items")
+        if not items or len(items) > limits.MAX_REMEMBER_BATCH:
+            return on(self.local, args)
+        parts: dict[int, tuple[MemoryGraph, list[int]]] = {}
+        for index, item in enumerate(items):
+            graph = self.for_write(item.get("namespace") if isinstance(item, Mapping) else None)
+            parts.setdefault(id(graph), (graph, []))[1].append(index)
+        if len(parts) == 1:
+            return on(next(iter(parts.values()))[0], args)
+        saved = failed = 0
+        batch_id: str | None = None
+        answered: list[dict[str, Any]] = []
+        for graph, indexes in parts.values():
+            result = on(graph, tools.Args(tool, {**arguments, "items": [items[i] for i in indexes]}))
+            body: dict[str, Any] = result.result if isinstance(result, Replayed) else render(result)
+            saved, failed = saved + body["saved"], failed + body["failed"]
+            batch_id = batch_id or body.get("batch_id")
+            answered += [{**item, "index": indexes[item["index"]]} for item in body["items"]]
+        merged: dict[str, Any] = {"saved": saved, "failed": failed,
+                                  "items": sorted(answered, key=lambda item: item["index"])}
+        if batch_id is not None:
+            merged["batch_id"] = batch_id
+        return Replayed(merged)  # an answer already rendered: forwarded as it is
+
+    def _browse(self, args: tools.Args) -> BrowseResult:
+        """Both stores' key pages up to the one asked for, merged in browse order."""
+        limit, offset, hubs = args.integer("limit"), args.integer("offset"), args.boolean("hubs_only")
+        pages = self.each(lambda g: g.browse_keys(None, hubs_only=hubs, limit=offset + limit, offset=0))
+        keys = sorted(itertools.chain.from_iterable(p.keys for p in pages),
+                      key=lambda k: (not k.is_hub, -k.memory_count, normalize(k.concept)))
+        total = sum(p.key_count for p in pages)
+        return BrowseResult(status="ok" if any(p.status == "ok" for p in pages) else "empty_namespace",
+                            namespace=None, memory_count=sum(p.memory_count for p in pages), key_count=total,
+                            keys=keys[offset:offset + limit],
+                            next_offset=offset + limit if offset + limit < total else None)
+
+    def _list(self, args: tools.Args) -> ListResult:
+        """Both stores' active memories up to the page asked for, oldest first."""
+        limit, offset = args.integer("limit"), args.integer("offset")
+        pages = self.each(lambda g: g.list_memories(None, limit=offset + limit, offset=0))
+        memories = sorted(itertools.chain.from_iterable(p.memories for p in pages), key=lambda m: m.created_at)
+        total = sum(p.total for p in pages)
+        return ListResult(memories=memories[offset:offset + limit], total=total,
+                          next_offset=offset + limit if offset + limit < total else None)
+
+    # -- the push path and operations ---------------------------------------------------------
+
+    def inject(self, prompt: str, *, scope: Scope, top_k: int, max_chars: int, project: frozenset[str],
+               session: push.SessionView | None) -> push.InjectResult:
+        """``engine.reads.inject.inject`` over the stores ``scope`` reaches, merged: the
+        surfaced memories by probability (each store judges its own against its own
+        background), at most ``top_k``, rendered once within ``max_chars``."""
+        parts = dict(zip(("local", "team"), self.router.split(scope), strict=True))
+
+        def one(graph: MemoryGraph) -> push.InjectResult | None:
+            part = parts["local" if graph is self.local else "team"]
+            if part is not None and not part:
+                return None  # the cwd maps to no namespace of this store
+            return push.inject(graph, prompt, scope=part, top_k=top_k, max_chars=max_chars, project=project,
+                               session=session)
+
+        results = [r for r in self.each(one) if r is not None]
+        if not results:  # neither store answers for these namespaces (the team one is down)
+            return push.InjectResult(None, [], [], 0.0)
+        if len(results) == 1 or results[0].skipped is not None:
+            return results[0]
+        picked = sorted(itertools.chain.from_iterable(r.memories for r in results),
+                        key=lambda m: -m.relevance_score)[:top_k]
+        keys = list({k.key_id: k for r in results for k in r.keys}.values())[:PUSH_KEYS]
+        header = push.SESSION_HEADER if session is not None and session.surfaced else push.INJECT_HEADER
+        return push.InjectResult(push.render_inject(picked, max_chars, header=header), picked, keys,
+                                 round(sum(r.took_ms for r in results), 2),
+                                 held_back=[m for r in results for m in r.held_back])
+
+    def stats(self) -> Stats:
+        return sum_stats(self.each(lambda g: g.stats()))
+
+    def cleanup_expired(self) -> CleanupResult:
+        return _sum_cleanups(self.each(lambda g: g.cleanup_expired()))
+
+
+def _merge_recall(results: list[RecallResult], args: tools.Args) -> RecallResult:
+    """One recall over both stores: their key clusters by score (``top_k`` of them) and the
+    passive Top-1 of the store whose key leads; ``no_match`` with the nearest keys of both."""
+    counted = [r.namespace_memory_count for r in results if r.namespace_memory_count is not None]
+    count = sum(counted) if counted else None
+    found = [r for r in results if r.status == "found"]
+    if not found:
+        nearest = sorted(itertools.chain.from_iterable(r.nearest_keys or [] for r in results),
+                         key=lambda k: -k.score)[:NEAREST_KEYS]
+        status: Literal["no_match", "empty_namespace"] = \
+            "no_match" if any(r.status == "no_match" for r in results) else "empty_namespace"
+        return dataclasses.replace(results[0], status=status, nearest_keys=nearest, namespace_memory_count=count)
+    keys = sorted(itertools.chain.from_iterable(r.keys for r in found),
+                  key=lambda k: -k.score)[:limits.RECALL_TOP_K.clamp(args.integer("top_k"))]
+    lead = next(r for r in found if r.keys[0].key_id == keys[0].key_id)
+    return dataclasses.replace(lead, keys=keys, namespace_memory_count=count)
+
+
+def _merge_hits(results: list[list[Hit]], args: tools.Args) -> list[Hit]:
+    return sorted(itertools.chain.from_iterable(results), key=lambda h: -h.score)[:args.integer("top_k")]
+
+
+def sum_stats(parts: Sequence[Stats]) -> Stats:
+    namespaces: dict[str, int] = {}
+    for part in parts:
+        for name, n in part.namespaces.items():
+            namespaces[name] = namespaces.get(name, 0) + n
+    return Stats(keys=sum(p.keys for p in parts), memories=sum(p.memories for p in parts),
+                 links=sum(p.links for p in parts), namespaces=dict(sorted(namespaces.items())),
+                 superseded=sum(p.superseded for p in parts),
+                 expired_pending_cleanup=sum(p.expired_pending_cleanup for p in parts))
+
+
+def _sum_cleanups(parts: Sequence[CleanupResult]) -> CleanupResult:
+    return CleanupResult(*(sum(getattr(p, f.name) for p in parts) for f in dataclasses.fields(CleanupResult)))
+
+
+_MERGES: Final[Mapping[str, Callable[[Any, tools.Args], Any]]] = {
+    "recall": _merge_recall,
+    "recall_memories": _merge_hits,
+    "memory_stats": lambda results, _args: sum_stats(results),
+    "cleanup_expired": lambda results, _args: _sum_cleanups(results),
+}

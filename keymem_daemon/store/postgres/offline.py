@@ -1,0 +1,330 @@
+"""Serving reads while the PostgreSQL server does not answer: a local read replica, and the
+repository that switches to it.
+
+- **The replica** (``Replica``) is a SQLite file in the daemon's data dir
+  (``<data>/team-replica.db``, made afresh at each start) with the keymem schema, read through
+  the SQLite store's ordinary ``SqliteReader``: so every read port -- the lexical index
+  included -- answers from it as the SQLite store would. It is filled in the background once
+  the daemon is ready (one snapshot of the server, streamed in chunks) and kept in step by
+  the change follower: each batch of changes names the memories and keys it touched, and
+  their rows are read again from the server and put in place (deleted ones deleted).
+  Memories are copied without their vectors (the daemon holds them in memory). A file rather
+  than an in-memory copy: what the daemon holds in RAM stays its key and vector tables
+  (SQLite's page cache is bounded), and the copy is SQLite's own engine, not a second one.
+- **The repository** (``FailoverRepository``) is what the engine sees. While the server
+  answers, every unit goes to it (``PostgresRepository``). Once it is known not to -- the
+  follower's connection is lost, or a unit failed to reach it -- reads go straight to the
+  replica (no wait for the pool's timeout) and writes are refused at once with
+  ``StoreUnavailable`` naming the server; ``offline()`` says why, for ``status`` and
+  ``/health`` (possibly stale). When the follower is connected again and has read the change
+  log to its end after the outage began, the replica and the in-memory tables have caught up
+  and units go to the server again.
+
+What the replica cannot know is a change committed on the server that the follower had not
+read when the server went away (it reads within milliseconds of each COMMIT): that is why
+answers from it are marked possibly stale. Link weight changes (recall's reinforcement) are
+not copied, as the in-memory tables skip them too.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
+
+import psycopg
+
+from keymem_daemon.engine.ports import Reader, Writer
+from keymem_daemon.errors import StoreUnavailable
+from keymem_daemon.store.postgres.changes import Change, ChangeFollower
+from keymem_daemon.store.postgres.repository import PostgresRepository
+from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, Store
+from keymem_daemon.store.sqlite.replica import REPLICA_COLUMNS
+from keymem_daemon.store.sqlite.session import SqliteWriter
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+REPLICA_FILE: Final = "team-replica.db"
+FILL_CHUNK: Final = 2000
+"""Rows fetched from the server and written to the replica per step of the fill: large enough
+that a round trip and a SQLite commit are a small part of a step, small enough that the fill
+holds a few MB of rows at a time whatever the store's size."""
+_INDEX_COLUMNS: Final = "memory_id, content_tokens, key_tokens"
+
+
+def _select(table: str, where: str = "") -> str:
+    return f"SELECT {', '.join(REPLICA_COLUMNS[table])} FROM {table} {where}"
+
+
+class Replica:
+    """The SQLite copy of what this daemon's role may read on the server."""
+
+    def __init__(self, store: Store, source: PostgresRepository) -> None:
+        self.store = store
+        self.ready = False
+        """Whether it holds a full copy (filled, and kept in step since)."""
+        self._source = source
+        self._lock = threading.Lock()  # one copy step at a time, in the order they are read
+        self._pending: list[Change] = []
+        self._filling = False
+
+    @classmethod
+    def create(cls, path: Path, source: PostgresRepository) -> Replica:
+        """An empty replica at ``path`` (a previous daemon's file is replaced)."""
+        for suffix in FILE_SUFFIXES:
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return cls(Store.open(path), source)
+
+    def fill_in_background(self) -> threading.Thread:
+        """Copy everything the server holds (changes meanwhile are applied after)."""
+        with self._lock:
+            return self._start_fill()
+
+    def _start_fill(self) -> threading.Thread:
+        self._filling, self.ready = True, False
+        thread = threading.Thread(target=self._fill, name="keymem-replica", daemon=True)
+        thread.start()
+        return thread
+
+    def _fill(self) -> None:
+        started = time.perf_counter()
+        try:
+            self.store.write(lambda writer: writer.clear_replica())
+            self._source.snapshot(self._copy_all)
+        except Exception:
+            # Tried again with the next change the follower reads (the server answers then).
+            logger.exception("could not fill the local replica; until it is, reads need the server")
+            with self._lock:
+                self._filling = False
+            return
+        with self._lock:
+            self._filling, self.ready = False, True
+            self._bring_in_step([])
+        logger.info("local replica filled in %.2f s (%s)", time.perf_counter() - started, self.store.path)
+
+    def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
+        for table, rows in source_rows(conn):
+            if table == "memory_fts":
+                self.store.write(functools.partial(_put_index_rows, rows=rows))
+            else:
+                self.store.write(functools.partial(_put_rows, table=table, rows=rows))
+
+    def apply(self, batch: Sequence[Change]) -> None:
+        """Bring the rows ``batch`` names in step with the server (the follower's thread)."""
+        with self._lock:
+            if self._filling:
+                self._pending.extend(batch)
+            elif not self.ready:
+                self._start_fill()  # an earlier fill failed; the server answers again
+            else:
+                self._bring_in_step(batch)
+
+    def _bring_in_step(self, batch: Sequence[Change]) -> None:
+        """Copy what ``batch`` and the changes still pending name (holding the lock). When the
+        server does not answer they stay pending, for the next batch; when the replica refuses
+        them (it has gone out of step) it is filled again."""
+        work, self._pending = [*self._pending, *batch], []
+        if not work:
+            return
+        try:
+            self._copy(work)
+        except StoreUnavailable:
+            self._pending = work
+        except Exception:
+            logger.exception("could not bring the local replica in step; it is filled again")
+            self._start_fill()
+
+    def _copy(self, batch: Sequence[Change]) -> None:
+        memory_ids = sorted({c.id for c in batch if c.kind in ("memory", "relation")
+                             or (c.kind == "link" and c.op != "update")})
+        key_ids = {c.id for c in batch if c.kind in ("key", "alias")}
+        names = sorted({c.id for c in batch if c.kind == "meta"})
+        if not (memory_ids or key_ids or names):
+            return
+        rows = self._source.snapshot(lambda conn: _changed_rows(conn, memory_ids, key_ids, names))
+        self.store.write(lambda writer: _put_changed(writer, rows, memory_ids, names))
+
+    def read(self, fn: Callable[[Reader], T]) -> T:
+        return self.store.read(fn)
+
+    def describe(self) -> str:
+        """``ready PATH`` or ``filling PATH`` (for ``/v1/stats``)."""
+        return f"{'ready' if self.ready else 'filling'} {self.store.path}"
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def source_rows(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, list[Any]]]:
+    """Every row a replica copies from the server, as ``(table, rows)`` chunks in the order
+    their foreign keys need (``memory_fts``: ``(memory_id, content_tokens, key_tokens)``)."""
+    for table in REPLICA_COLUMNS:
+        for rows in _stream(conn, _select(table)):
+            yield table, rows
+    for rows in _stream(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
+        yield "memory_fts", rows
+
+
+def _stream(conn: psycopg.Connection[Any], sql: str) -> Iterator[list[Any]]:
+    """The rows of ``sql``, ``FILL_CHUNK`` at a time, from a server-side cursor."""
+    with conn.cursor(name="keymem_replica") as cursor:
+        cursor.execute(sql.encode())
+        while rows := cursor.fetchmany(FILL_CHUNK):
+            yield rows
+
+
+def _put_rows(writer: SqliteWriter, *, table: str, rows: list[Any]) -> None:
+    writer.put_rows(table, rows)
+
+
+def _put_index_rows(writer: SqliteWriter, *, rows: list[Any]) -> None:
+    writer.put_index_rows(rows)
+
+
+def _changed_rows(conn: psycopg.Connection[Any], memory_ids: list[str], key_ids: set[str],
+                  names: list[str]) -> dict[str, list[Any]]:
+    """The server's rows now for the named memories (with their links, relations and index
+    rows), keys (with their aliases, and every key those links name) and meta entries."""
+    def fetch(sql: str, values: Sequence[Any]) -> list[Any]:
+        return conn.execute(sql.encode(), (list(values),)).fetchall() if values else []
+
+    rows: dict[str, list[Any]] = {
+        "memories": fetch(_select("memories", "WHERE id = ANY(%s)"), memory_ids),
+        "links": fetch(_select("links", "WHERE memory_id = ANY(%s)"), memory_ids),
+        "relations": fetch(_select("relations", "WHERE from_id = ANY(%s)"), memory_ids),
+        "memory_fts": fetch(f"SELECT {_INDEX_COLUMNS} FROM memory_fts WHERE memory_id = ANY(%s)", memory_ids),
+        "meta": fetch(_select("meta", "WHERE name = ANY(%s)"), names),
+    }
+    wanted = sorted(key_ids | {link[0] for link in rows["links"]})
+    rows["keys"] = fetch(_select("keys", "WHERE id = ANY(%s)"), wanted)
+    rows["aliases"] = fetch(_select("aliases", "WHERE key_id = ANY(%s)"), wanted)
+    rows["alias_candidates"] = fetch(_select("alias_candidates", "WHERE key_id = ANY(%s)"), wanted)
+    rows["asked_keys"] = wanted
+    return rows
+
+
+def _put_changed(writer: SqliteWriter, rows: dict[str, list[Any]], memory_ids: list[str], names: list[str]) -> None:
+    """Put the rows ``_changed_rows`` read in place of the replica's, and delete what the
+    server no longer has (``writer``: a ``SqliteWriter`` of the replica)."""
+    asked_keys: list[str] = rows["asked_keys"]
+    found_keys = {r[1] for r in rows["keys"]}
+    writer.put_rows("keys", rows["keys"])
+    writer.drop_aliases_of(asked_keys)
+    writer.put_rows("aliases", rows["aliases"])
+    writer.put_rows("alias_candidates", rows["alias_candidates"])
+    writer.drop_key_rows([k for k in asked_keys if k not in found_keys])
+    found = {r[1] for r in rows["memories"]}
+    writer.put_rows("memories", rows["memories"])
+    writer.drop_memory_rows([m for m in memory_ids if m not in found])
+    writer.drop_memory_edges(found)
+    writer.put_rows("links", rows["links"])
+    writer.put_rows("relations", rows["relations"])
+    writer.put_index_rows(rows["memory_fts"])
+    writer.put_rows("meta", rows["meta"])
+    writer.drop_meta_rows([n for n in names if n not in {r[0] for r in rows["meta"]}])
+
+
+class FailoverRepository:
+    """The engine's repository on a shared store: the server while it answers, the local
+    replica for reads (and a prompt refusal for writes) once it is known not to."""
+
+    def __init__(self, primary: PostgresRepository, replica: Replica) -> None:
+        self.primary = primary
+        self.replica = replica
+        self.where = primary.where
+        self.found: Literal["store", "missing", "empty"] = primary.found
+        self.shared = True
+        self.lost: str | None = None
+        self.follower: ChangeFollower | None = None
+        self._down_since: float | None = None  # time.monotonic() of the failure that showed it
+        self._local = threading.local()
+
+    # -- is the server there? -------------------------------------------------------------
+
+    def offline(self) -> str | None:
+        """Why units do not go to the server now (None: they do)."""
+        follower = self.follower
+        # A follower that has not connected yet (the daemon is starting) has lost nothing.
+        if follower is not None and not follower.connected and follower.caught_up_at > float("-inf"):
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+            return "its change-log connection is lost"
+        down = self._down_since
+        if down is None:
+            return None
+        if follower is not None and follower.caught_up_at > down:
+            self._down_since = None  # back, and what changed meanwhile has been read
+            return None
+        return "it did not answer the last request"
+
+    def _went_away(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            logger.warning("the store at %s does not answer: reads come from the local replica, writes are "
+                           "refused until it is back", self.where)
+
+    @contextlib.contextmanager
+    def from_server(self) -> Iterator[None]:
+        """Units of this thread go to the server whatever ``offline`` says (the follower's own
+        reads, which bring the tables in step with the server)."""
+        self._local.direct = True
+        try:
+            yield
+        finally:
+            self._local.direct = False
+
+    # -- units of work ----------------------------------------------------------------------
+
+    def read(self, fn: Callable[[Reader], T]) -> T:
+        if getattr(self._local, "direct", False):
+            return self.primary.read(fn)
+        if self.offline() is None:
+            try:
+                return self.primary.read(fn)
+            except StoreUnavailable:
+                self._went_away()
+        if not self.replica.ready:
+            raise StoreUnavailable(f"the store at {self.where} does not answer, and this daemon's local replica "
+                                   "is not filled yet; try again once the server is back")
+        return self.replica.read(fn)
+
+    def write(self, fn: Callable[[Writer], T]) -> T:
+        why = self.offline()
+        if why is not None and not getattr(self._local, "direct", False):
+            raise StoreUnavailable(f"the store at {self.where} does not answer ({why}); nothing was written, "
+                                   "and keymemd reconnects by itself")
+        try:
+            return self.primary.write(fn)
+        except StoreUnavailable:
+            self._went_away()
+            raise
+
+    def change_cursor(self) -> int:
+        return self.primary.change_cursor()
+
+    def analyze(self) -> None:
+        self.primary.analyze()
+
+    def check_files(self) -> str | None:
+        return self.primary.check_files()
+
+    def checkpoint(self) -> None:
+        self.primary.checkpoint()
+
+    def backup_to(self, dest: Path) -> None:
+        self.primary.backup_to(dest)
+
+    def integrity_check(self) -> str:
+        return self.primary.integrity_check()
+
+    def close(self) -> None:
+        try:
+            self.replica.close()
+        finally:
+            self.primary.close()

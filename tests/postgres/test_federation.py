@@ -1,0 +1,214 @@
+"""Personal namespaces in the local SQLite store, team namespaces in PostgreSQL (issue 22):
+real daemons with ``KEYMEM_STORE_URL`` and ``KEYMEM_TEAM_NAMESPACES`` on a throwaway cluster,
+each with its own SQLite data directory. What a person saves for themselves stays in their
+``keymem.db``; what they save in a team namespace lands in the database, where a teammate's
+daemon sees it; recall, ``recall_memories``, the push path and the hook span both."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import psycopg
+import pytest
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from pg_cluster import PgCluster
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+HOOK: Final = ROOT / "hooks" / "keymem_hook.py"
+PROPAGATION_TIMEOUT: Final = 30.0
+"""Seconds a team write may take to reach the other daemon on a loaded machine (well under one)."""
+HOOK_RUN_TIMEOUT: Final = 120.0
+HOOK_BUDGET_MS: Final = "60000"
+"""The hook's own budget, generous: the daemon answers in tens of ms, a loaded CI box is slower."""
+TEAM: Final = "team-*,deploy-rules"
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+PERSONAL = "my own checkout of zebrafish-gateway builds with make zebrafish-dev and the vim keymap"
+PROJECT = "the zebrafish-gateway service deploys only after zebra-canary-check passes on the canary"
+
+
+@pytest.fixture
+def factories() -> Iterator[list[DaemonFactory]]:
+    made: list[DaemonFactory] = []
+    yield made
+    for factory in made:
+        factory.teardown()
+
+
+def _start(factories: list[DaemonFactory], tmp_path: Path, name: str, url: str, **env: str) -> DaemonProcess:
+    (tmp_path / name).mkdir()
+    factory = DaemonFactory(tmp_path / name)
+    factories.append(factory)
+    return factory.start(KEYMEM_STORE_URL=url, KEYMEM_TEAM_NAMESPACES=TEAM, KEYMEM_TOOLS="full", **env)
+
+
+def _in_sqlite(daemon: DaemonProcess, memory_id: str) -> bool:
+    with sqlite3.connect(daemon.data_dir / "keymem.db") as conn:
+        return conn.execute("SELECT COUNT(*) FROM memories WHERE id = ?", (memory_id,)).fetchone()[0] == 1
+
+
+def _in_postgres(url: str, memory_id: str) -> bool:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT COUNT(*) FROM memories WHERE id = %s", (memory_id,)).fetchone()
+    return row is not None and row[0] == 1
+
+
+def _key_ids_in_sqlite(daemon: DaemonProcess) -> set[str]:
+    with sqlite3.connect(daemon.data_dir / "keymem.db") as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM keys")}
+
+
+def _key_ids_in_postgres(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM keys")}
+
+
+def _hits(daemon: DaemonProcess, query: str, **extra: Any) -> list[str]:
+    body = daemon.call("recall_memories", {"query": query, "reinforce": False, **extra})
+    assert not body["is_error"], body
+    return [hit["id"] for hit in body["result"]]
+
+
+def test_personal_memories_stay_in_sqlite_and_team_ones_are_shared_through_postgresql(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str, cli: Cli) -> None:
+    alice = _start(factories, tmp_path, "alice", pg_database)
+    bob = _start(factories, tmp_path, "bob", pg_database)
+    personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
+    project = alice.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check", "deploy"],
+                             namespace="team-payments")
+    rules = alice.remember("every deploy of the ledger needs two approvals in the release channel",
+                           ["ledger deploy", "approvals"], namespace="Deploy-Rules")
+    # Where each one landed, by SQL in both stores.
+    assert _in_sqlite(alice, personal) and not _in_postgres(pg_database, personal)
+    assert _in_postgres(pg_database, project) and not _in_sqlite(alice, project)
+    assert _in_postgres(pg_database, rules) and not _in_sqlite(alice, rules)
+    # Bob's daemon sees the team memories, never alice's personal one.
+    wait_for(lambda: project in _hits(bob, "zebrafish-gateway zebra-canary-check deploy"), PROPAGATION_TIMEOUT,
+             message="alice's team memory to reach bob's daemon")
+    assert personal not in _hits(bob, "zebrafish-gateway make zebrafish-dev vim keymap")
+    assert bob.call("read_memory", {"memory_id": personal})["result"] == {"error": f"Memory {personal} not found"}
+    assert not _in_sqlite(bob, project)
+    # Alice recalls both kinds in one ranked answer: hits from both stores, key clusters of both.
+    both = _hits(alice, "zebrafish-gateway make zebrafish-dev zebra-canary-check deploy")
+    assert {personal, project} <= set(both), both
+    recalled = alice.call("recall", {"query": "zebrafish-gateway zebrafish-dev canary-check"})["result"]
+    clusters = {k["key_id"] for k in recalled["keys"]}
+    assert clusters & _key_ids_in_sqlite(alice) and clusters & _key_ids_in_postgres(pg_database), recalled
+    assert len(recalled["keys"]) <= 8 and len(recalled["memories"]) == 1
+    # A read over one namespace asks its store only.
+    assert _hits(alice, "zebrafish-gateway zebra-canary-check", namespace="team-payments") == [project]
+    assert personal in _hits(alice, "zebrafish-gateway make zebrafish-dev", namespace="default")
+    assert project not in _hits(alice, "zebrafish-gateway zebra-canary-check", namespace="default")
+    # Reads and writes by id find the memory's store: a read of the team one, a correction
+    # of the personal one (its new version stays personal).
+    read = alice.call("read_memory", {"memory_id": project})["result"]["memory"]
+    assert read["id"] == project and read["namespace"] == "team-payments", read
+    corrected = alice.call("correct", {"memory_id": personal, "content": PERSONAL.replace("vim", "emacs")})
+    assert not corrected["is_error"], corrected
+    assert _in_sqlite(alice, corrected["result"]["new_id"]) and not _in_postgres(pg_database,
+                                                                                 corrected["result"]["new_id"])
+    # A batch spanning both stores: each item in its store, answered in the order sent.
+    batch = alice.call("remember_batch", {"items": [
+        {"content": "my dotfiles live in the dotfiles repo under config", "keys": ["dotfiles"]},
+        {"content": "the payments runbook lives in the wiki under payments ops", "keys": ["payments runbook"],
+         "namespace": "team-payments"},
+        {"content": "", "keys": ["empty"]}]})["result"]
+    assert [item["index"] for item in batch["items"]] == [0, 1, 2] and batch["saved"] == 2 and batch["failed"] == 1
+    assert _in_sqlite(alice, batch["items"][0]["saved"]) and _in_postgres(pg_database, batch["items"][1]["saved"])
+    # Stats say per store, and their sum.
+    stats = alice.client().get("/v1/stats").json()
+    assert [s["store"].split()[0] for s in stats["stores"]] == ["sqlite", "postgresql"], stats
+    local, team = (s["counts"] for s in stats["stores"])
+    # Active memories: the corrected one's new version and the dotfiles; the team's three.
+    assert (local["memories"], local["superseded"], team["memories"], stats["memories"]) == (2, 1, 3, 5), stats
+    assert "team-*" in stats["store"]
+    status = cli("status", env=alice.env)
+    assert status.returncode == 0, status.stderr
+    assert f"sqlite {alice.data_dir / 'keymem.db'}: 2 memories" in status.stdout, status.stdout
+    assert "postgresql 127.0.0.1:" in status.stdout and ": 3 memories" in status.stdout, status.stdout
+    # The export says per store: the local one's (importable as ever), the team one's inside.
+    exported = alice.export()
+    assert exported["store"].startswith("sqlite ") and exported["team"]["store"].startswith("postgresql ")
+    local_ids = {m["id"] for m in exported["memories"]}
+    assert personal in local_ids and project not in local_ids
+    assert {project, rules} <= {m["id"] for m in exported["team"]["memories"]}
+
+
+def test_the_push_path_and_the_hook_surface_memories_from_both_stores(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    alice = _start(factories, tmp_path, "alice", pg_database)
+    personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
+    project = alice.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check", "deploy"],
+                             namespace="team-payments")
+    project_dir = tmp_path / "src" / "zebrafish-gateway"
+    project_dir.mkdir(parents=True)
+    (alice.data_dir / "namespaces.json").write_text(json.dumps({str(project_dir): ["team-payments"]}))
+    prompt = ("build zebrafish-gateway with make zebrafish-dev, then deploy it once zebra-canary-check passes "
+              "on the canary")
+    response = alice.client().post("/v1/inject", json={"prompt": prompt, "cwd": str(project_dir), "top_k": 2})
+    assert response.status_code == 200, response.text
+    surfaced = response.json()
+    assert {m["id"] for m in surfaced["memories"]} == {personal, project}, surfaced
+    assert personal in surfaced["context"] and project in surfaced["context"]
+    # The hook, as the host runs it: the same two in the block it prints.
+    done = subprocess.run(
+        [sys.executable, str(HOOK), "user-prompt-submit"],
+        input=json.dumps({"prompt": prompt, "cwd": str(project_dir), "hook_event_name": "UserPromptSubmit"}),
+        env={**alice.env, "KEYMEM_HOOK_TIMEOUT_MS": HOOK_BUDGET_MS}, capture_output=True, text=True,
+        timeout=HOOK_RUN_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    block = json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert personal in block and project in block, block
+    # A cwd mapped to no team namespace surfaces the personal store only.
+    elsewhere = alice.client().post("/v1/inject", json={"prompt": prompt, "namespace": "default"}).json()
+    assert [m["id"] for m in elsewhere["memories"]] == [personal], elsewhere
+
+
+def test_with_the_server_down_the_personal_half_still_answers_and_team_writes_fail_clearly(
+        factories: list[DaemonFactory], tmp_path: Path, own_pg_cluster: PgCluster) -> None:
+    alice = _start(factories, tmp_path, "alice", own_pg_cluster.url)
+    personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
+    alice.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check"], namespace="team-payments")
+    own_pg_cluster.stop_server()
+    client = alice.client()
+    wait_for(lambda: "stale" in client.get("/v1/stats").json(), PROPAGATION_TIMEOUT,
+             message="the daemon to notice the server is gone")
+    # Reads over every namespace answer from the local store, at once.
+    assert personal in _hits(alice, "zebrafish-gateway make zebrafish-dev vim keymap")
+    recalled = alice.call("recall", {"query": "zebrafish-gateway make zebrafish-dev"})["result"]
+    assert recalled["status"] == "found" and recalled["memories"][0]["id"] == personal, recalled
+    prompt = "build zebrafish-gateway with make zebrafish-dev and the vim keymap"
+    surfaced = client.post("/v1/inject", json={"prompt": prompt, "top_k": 2}).json()
+    assert [m["id"] for m in surfaced["memories"]] == [personal], surfaced
+    # A personal write works; a team write fails naming the server, and nothing is half-written.
+    saved = alice.remember("my tmux prefix is control-a", ["tmux prefix"])
+    assert _in_sqlite(alice, saved)
+    refused = client.post("/v1/tools/remember", json={"arguments": {
+        "content": "the team tmux config lives in the dotfiles repo", "keys": ["tmux"], "namespace": "team-ops"}})
+    assert f"127.0.0.1:{own_pg_cluster.port}" in refused.text, refused.text
+    assert all(secret not in refused.text for secret in own_pg_cluster.passwords.values())
+    own_pg_cluster.start_server()
+
+
+@pytest.mark.parametrize(("variables", "said"), [
+    ({"KEYMEM_TEAM_NAMESPACES": "team-*"}, "KEYMEM_STORE_URL is not"),
+    ({"KEYMEM_TEAM_NAMESPACES": "te*am"}, "'te*am' may hold '*' only at its end"),
+    ({"KEYMEM_TEAM_NAMESPACES": "team-*,,ops"}, "entry 2 is empty"),
+    ({"KEYMEM_TEAM_NAMESPACES": "*"}, "'*' maps every namespace"),
+])
+def test_a_bad_namespace_mapping_is_refused_at_start(tmp_path: Path, variables: dict[str, str], said: str) -> None:
+    factory = DaemonFactory(tmp_path)
+    env = dict(variables)
+    if "STORE_URL is not" not in said:
+        env["KEYMEM_STORE_URL"] = "postgresql://alice@db.example:5432/keymem"
+    process, output = factory.spawn(**env)
+    assert process.wait(timeout=READY_TIMEOUT) != 0
+    text = output.read_text(errors="replace")
+    assert "KEYMEM_TEAM_NAMESPACES" in text and said in text, text
+    assert not (factory.data_dir / "daemon.json").exists()
