@@ -11,7 +11,7 @@ work on a psycopg connection pool, many daemons on one database.
   violation (23505: the same idempotency key or id from two daemons at once) or a deadlock
   (40P01) is refused the same way; ``write`` then runs ``fn`` again, from scratch, on a new
   snapshot -- where it finds the key the other daemon just created, or the weight it just
-  set -- up to ``WRITE_ATTEMPTS`` times. So two daemons creating the same key get one key
+  set -- for up to ``WRITE_RETRY_BUDGET`` seconds. So two daemons creating the same key get one key
   and two reinforcements of one link both count, without the engine knowing. ``fn`` must
   therefore do nothing outside the transaction but register ``after_commit`` callbacks
   (which is how the engine's writes are built); callbacks of a failed attempt are dropped.
@@ -48,11 +48,13 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-WRITE_ATTEMPTS: Final = 30
-"""Runs of one write before giving up: each refusal means another write just won. PostgreSQL
-tracks serializable reads by index page, so writes that share no row still refuse each other
-now and then: eight clients remembering at once through two daemons lost one write in a few
-hundred after 8 attempts (tests/postgres/test_team_writers.py), none with this many."""
+WRITE_RETRY_BUDGET: Final = 10.0
+"""Seconds one write keeps running again before giving up: each refusal means another write
+just won, so it ends once the contenders have committed. PostgreSQL tracks serializable
+reads by index page, and on a young store's small tables writes that share no row refuse
+each other too: eight clients remembering new keys at once through two daemons lost one
+write in a few hundred after 30 attempts (tests/postgres/test_team_writers.py). The
+budget stays below a client's request timeout: the shim and the hook never hang on it."""
 RETRY_BACKOFF: Final = 0.005
 """Seconds before the first retry, doubling (with jitter) each time: long enough for the
 winning transaction to commit, short against a remember's 30 ms budget."""
@@ -170,7 +172,7 @@ class PostgresRepository:
     def write(self, fn: Callable[[Writer], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
         refuses it for a concurrent write; then its ``after_commit`` callbacks, in order."""
-        delay, attempt = RETRY_BACKOFF, 0
+        delay, attempt, started = RETRY_BACKOFF, 0, time.monotonic()
         while True:
             attempt += 1
             try:
@@ -185,10 +187,11 @@ class PostgresRepository:
                         conn.execute("SET LOCAL enable_seqscan = off")
                         result = fn(writer)
             except _RETRYABLE as exc:
-                if attempt == WRITE_ATTEMPTS:
-                    raise Conflict(f"the store at {self.where} refused the write {WRITE_ATTEMPTS} times for "
-                                   f"concurrent writes ({exc.sqlstate}); try again") from None
-                logger.debug("write refused (%s), attempt %d of %d", exc.sqlstate, attempt, WRITE_ATTEMPTS)
+                if time.monotonic() - started >= WRITE_RETRY_BUDGET:
+                    raise Conflict(f"the store at {self.where} refused the write {attempt} times in "
+                                   f"{WRITE_RETRY_BUDGET:g} s for concurrent writes ({exc.sqlstate}); try again"
+                                   ) from None
+                logger.debug("write refused (%s), attempt %d", exc.sqlstate, attempt)
                 time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
                 delay = min(delay * 2, RETRY_BACKOFF_MAX)
                 continue
