@@ -19,7 +19,7 @@ between them; nothing here knows SQL or either store:
   rendered once within the same ``top_k`` and ``max_chars``).
 
 A memory written before the mapping existed stays where it is: reads over every namespace
-still find it, and ``keymemd migrate-store`` moves a store's contents.
+still find it.
 """
 
 from __future__ import annotations
@@ -107,14 +107,9 @@ class StoreStats:
 class Federation:
     """The local and the team engine behind one daemon, and the routing between them."""
 
-    def __init__(self, local: MemoryGraph, team: MemoryGraph, settings: Settings, *,
-                 team_answers: Callable[[], bool] = lambda: True) -> None:
-        """``team_answers`` says whether the team store is reachable as far as the daemon
-        knows (its change follower is connected): reads over every namespace do not wait on
-        one that is known to be down."""
+    def __init__(self, local: MemoryGraph, team: MemoryGraph, settings: Settings) -> None:
         self.local = local
         self.team = team
-        self.team_answers = team_answers
         self.settings = settings
         self.router = NamespaceRouter(settings.team_namespaces or ())
 
@@ -127,12 +122,12 @@ class Federation:
         self.team.close()
 
     def each(self, fn: Callable[[MemoryGraph], T]) -> list[T]:
-        """``fn`` over both stores, the local one first, for a read over every namespace; a
-        team store that does not answer leaves the local store's answer alone (the daemon's
-        ``stale`` warning says why), a local one that fails fails the read."""
+        """``fn`` over both stores, the local one first, for a read over every namespace. The
+        team store answers from the server, or from its local replica once the server is
+        known to be down (``store/postgres/offline.py``); when it cannot answer at all (no
+        replica yet) the local store's answer stands alone (``stale`` says why), while a
+        local store that fails fails the read."""
         out = [fn(self.local)]
-        if not self.team_answers():
-            return out
         try:
             out.append(fn(self.team))
         except StoreError as exc:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from keymem_daemon import activity_log, backups, federation, runtime, transcripts
+from keymem_daemon import activity_log, backups, federation, transcripts
 from keymem_daemon.config import Settings, describe_store_url
 from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import MemoryGraph
@@ -37,10 +37,6 @@ State = Literal["starting", "ready", "failed"]
 IMPORT_SUMMARY_CHARS: Final = 200
 """An import's counts in the activity log's one-line summary (the full result is its detail)."""
 Clock = Callable[[], float]
-FOLLOWER_CONNECT_TIMEOUT: Final = 5.0
-"""Seconds a federated start waits for the team store's change follower to connect: the store
-has just answered the load, so it connects at once; past this the start goes on (its reads
-answer from the local store until the follower connects)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +203,8 @@ class Service:
                 self._compare_with_backups(graph)
                 if self.settings.federated:
                     try:
-                        self.federation = federation.Federation(
-                            graph, self._open_team_store(cached, reranker), self.settings,
-                            team_answers=lambda: self.stale() is None)
-                        # Reads over both stores skip the team one while its follower is not
-                        # connected: give the follower a moment to connect the first time.
-                        follower = self._follower
-                        runtime.poll_until(lambda: follower.connected or None,
-                                           time.monotonic() + FOLLOWER_CONNECT_TIMEOUT)
+                        self.federation = federation.Federation(graph, self._open_team_store(cached, reranker),
+                                                                self.settings)
                     except BaseException:
                         graph.close()
                         raise

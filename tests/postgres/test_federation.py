@@ -179,13 +179,14 @@ def test_with_the_server_down_the_personal_half_still_answers_and_team_writes_fa
     client = alice.client()
     wait_for(lambda: "stale" in client.get("/v1/stats").json(), PROPAGATION_TIMEOUT,
              message="the daemon to notice the server is gone")
-    # Reads over every namespace answer from the local store, at once.
+    # Reads over every namespace still answer, the personal half from SQLite (the team half
+    # from the daemon's replica of the server, once filled).
     assert personal in _hits(alice, "zebrafish-gateway make zebrafish-dev vim keymap")
-    recalled = alice.call("recall", {"query": "zebrafish-gateway make zebrafish-dev"})["result"]
+    recalled = alice.call("recall", {"query": "make zebrafish-dev vim keymap"})["result"]
     assert recalled["status"] == "found" and recalled["memories"][0]["id"] == personal, recalled
     prompt = "build zebrafish-gateway with make zebrafish-dev and the vim keymap"
     surfaced = client.post("/v1/inject", json={"prompt": prompt, "top_k": 2}).json()
-    assert [m["id"] for m in surfaced["memories"]] == [personal], surfaced
+    assert personal in [m["id"] for m in surfaced["memories"]], surfaced
     # A personal write works; a team write fails naming the server, and nothing is half-written.
     saved = alice.remember("my tmux prefix is control-a", ["tmux prefix"])
     assert _in_sqlite(alice, saved)

@@ -86,9 +86,15 @@ def test_what_a_memory_leaves_of_a_question_unexplained_counts_against_it() -> N
     task = dict(zip(push.FEATURES, push.features(evidence(relevance=0.3), 1.0, 0.0), strict=True))
     asked = dict(zip(push.FEATURES, push.features(evidence(relevance=0.3, question=True), 1.0, 0.0), strict=True))
     assert task["question"] == 0.0 and task["question_unexplained"] == 0.0
-    assert asked["question"] == 1.0 and asked["question_unexplained"] == pytest.approx(0.7)
-    # The same evidence speaks for a task and less for a question it leaves 0.7 unexplained.
+    # 0.7 of the question is not covered, and it holds a third of the memory's words (by IDF).
+    assert asked["question"] == 1.0 and asked["question_unexplained"] == pytest.approx(0.7 * (1 - 2.0 / 6.0))
+    # The same evidence speaks for a task and less for a question it leaves unexplained.
     assert push.decide(tuple(asked.values())) < push.decide(tuple(task.values()))
+    # A question that holds every specific word of the memory is not unexplained by it.
+    words = (("staging", 2.0, True), ("pem", 4.0, True))
+    held = dict(zip(push.FEATURES, push.features(evidence(relevance=0.3, question=True, terms=words), 1.0, 0.0),
+                    strict=True))
+    assert held["question_unexplained"] == 0.0
 
 
 @pytest.mark.parametrize(("token", "expected"), [
