@@ -120,7 +120,7 @@ def test_a_migration_killed_midway_continues_and_a_daemon_on_the_copy_exports_wh
     for link in source["links"]:
         links_of[link["memory_id"]] = links_of.get(link["memory_id"], 0) + 1
     with psycopg.connect(pg_database) as conn:
-        copied = dict(conn.execute("SELECT m.id, COUNT(l.key_id) FROM memories m LEFT JOIN links l ON "
+        copied: dict[str, int] = dict(conn.execute("SELECT m.id, COUNT(l.key_id) FROM memories m LEFT JOIN links l ON "
                                    "l.memory_id = m.id GROUP BY m.id").fetchall())
         unindexed = conn.execute("SELECT m.id FROM memories m WHERE m.superseded_by IS NULL AND NOT EXISTS "
                                  "(SELECT 1 FROM memory_fts f WHERE f.memory_id = m.id)").fetchall()

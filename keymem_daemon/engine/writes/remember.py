@@ -423,7 +423,12 @@ class Remembering(Browsing):
                         writer.set_key_type(key_id, match.promote_to)
                     if match.add_alias:
                         self._add_alias(writer, key_id, key, learned=False)
-                touched.add(key_id)
+                # A key the index knows, unchanged, is not read back: its link count follows by
+                # delta. The read counts all the key's links, so on a shared store every two
+                # concurrent writes linking one popular key would conflict, and all but one
+                # run again.
+                if key_id != match.key_id or match.promote_to is not None or match.add_alias:
+                    touched.add(key_id)
             resolved[key] = key_id
             batch.by_norm[normalize(key)] = key_id
             if key_id not in linked:

@@ -11,7 +11,7 @@ work on a psycopg connection pool, many daemons on one database.
   violation (23505: the same idempotency key or id from two daemons at once) or a deadlock
   (40P01) is refused the same way; ``write`` then runs ``fn`` again, from scratch, on a new
   snapshot -- where it finds the key the other daemon just created, or the weight it just
-  set -- up to ``WRITE_ATTEMPTS`` times. So two daemons creating the same key get one key
+  set -- for up to ``WRITE_RETRY_BUDGET`` seconds. So two daemons creating the same key get one key
   and two reinforcements of one link both count, without the engine knowing. ``fn`` must
   therefore do nothing outside the transaction but register ``after_commit`` callbacks
   (which is how the engine's writes are built); callbacks of a failed attempt are dropped.
@@ -50,12 +50,19 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-WRITE_ATTEMPTS: Final = 8
-"""Runs of one write before giving up: each refusal means another daemon's write just won,
-so a handful of daemons contending for one row settle in a few attempts."""
+WRITE_RETRY_BUDGET: Final = 10.0
+"""Seconds one write keeps running again before giving up: each refusal means another write
+just won, so it ends once the contenders have committed. PostgreSQL tracks serializable
+reads by index page, and on a young store's small tables writes that share no row refuse
+each other too: eight clients remembering new keys at once through two daemons lost one
+write in a few hundred after 30 attempts (tests/postgres/test_team_writers.py). The
+budget stays below a client's request timeout: the shim and the hook never hang on it."""
 RETRY_BACKOFF: Final = 0.005
 """Seconds before the first retry, doubling (with jitter) each time: long enough for the
 winning transaction to commit, short against a remember's 30 ms budget."""
+RETRY_BACKOFF_MAX: Final = 0.1
+"""The longest wait between two runs: past it, the waits would add up to seconds without
+making a winner any likelier (the contenders have committed by then)."""
 POOL_SIZE: Final = 4
 """Connections per daemon: the HTTP worker threads' concurrent units, not more (the server's
 max_connections is shared by every daemon of the team)."""
@@ -177,11 +184,12 @@ class PostgresRepository:
         A refused write runs again only in its turn (``_retrying``): this daemon's writes that
         collided then never collide with each other again, so eight threads writing under one
         key settle instead of refusing each other every attempt."""
-        delay, attempt = RETRY_BACKOFF, 0
+        delay, attempt, started = RETRY_BACKOFF, 0, time.monotonic()
         with contextlib.ExitStack() as turn:
-            return self._write(fn, turn, delay, attempt)
+            return self._write(fn, turn, delay, attempt, started)
 
-    def _write(self, fn: Callable[[Writer], T], turn: contextlib.ExitStack, delay: float, attempt: int) -> T:
+    def _write(self, fn: Callable[[Writer], T], turn: contextlib.ExitStack, delay: float, attempt: int,
+               started: float) -> T:
         while True:
             attempt += 1
             try:
@@ -190,16 +198,21 @@ class PostgresRepository:
                     conn.read_only = False
                     writer = PgWriter(conn, self._lexicon, self._lexicon.generation)
                     with conn.transaction():
+                        # A sequential scan makes a serializable transaction conflict with every
+                        # write to that table (PostgreSQL's docs: encourage index scans), and on
+                        # small tables the planner picks one for nearly every lookup.
+                        conn.execute("SET LOCAL enable_seqscan = off")
                         result = fn(writer)
             except _RETRYABLE as exc:
-                if attempt == WRITE_ATTEMPTS:
-                    raise Conflict(f"the store at {self.where} refused the write {WRITE_ATTEMPTS} times for "
-                                   f"concurrent writes ({exc.sqlstate}); try again") from None
-                logger.debug("write refused (%s), attempt %d of %d", exc.sqlstate, attempt, WRITE_ATTEMPTS)
+                if time.monotonic() - started >= WRITE_RETRY_BUDGET:
+                    raise Conflict(f"the store at {self.where} refused the write {attempt} times in "
+                                   f"{WRITE_RETRY_BUDGET:g} s for concurrent writes ({exc.sqlstate}); try again"
+                                   ) from None
+                logger.debug("write refused (%s), attempt %d", exc.sqlstate, attempt)
                 if attempt == 1:
                     turn.enter_context(self._retrying)
                 time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
-                delay *= 2
+                delay = min(delay * 2, RETRY_BACKOFF_MAX)
                 continue
             except errors.InsufficientPrivilege as exc:
                 # Row-level security: the namespace was not granted to this role for writing.
