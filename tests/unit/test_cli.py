@@ -20,7 +20,7 @@ from keymem_daemon.config import Settings
 pytestmark = pytest.mark.timeout(60)
 
 COMMANDS = {"start", "stop", "status", "run", "logs", "install-service", "export", "import",
-            "ui", "search", "show", "forget", "keys", "activity", "restore", "team"}
+            "ui", "search", "show", "forget", "keys", "activity", "restore", "team", "migrate-store"}
 # ``team`` is a group: its subcommands report (test_team_subcommands_have_examples_and_take_json).
 REPORTING = COMMANDS - {"run", "team"}
 HEAVY = (
