@@ -40,6 +40,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import pytest
+from daemon_helpers import DaemonFactory, DaemonProcess
 
 SUPERUSER: Final = "keymem_super"
 OWNER: Final = "keymem_owner"
@@ -340,3 +341,20 @@ def pg_database(pg_cluster: PgCluster) -> Iterator[str]:
         yield pg_cluster.url_for(OWNER, name)
     finally:
         pg_cluster.drop_database(name)
+
+
+@pytest.fixture
+def factories() -> Iterator[list[DaemonFactory]]:
+    """The daemons a test starts with ``start_on``, each torn down at its end."""
+    made: list[DaemonFactory] = []
+    yield made
+    for factory in made:
+        factory.teardown()
+
+
+def start_on(factories: list[DaemonFactory], tmp_path: Path, name: str, url: str, **env: str) -> DaemonProcess:
+    """A daemon with its own data dir ``tmp_path/name``, on the store at ``url``."""
+    (tmp_path / name).mkdir(exist_ok=True)
+    factory = DaemonFactory(tmp_path / name)
+    factories.append(factory)
+    return factory.start(KEYMEM_STORE_URL=url, **env)

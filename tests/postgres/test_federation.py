@@ -10,14 +10,14 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import psycopg
 import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
-from pg_cluster import PgCluster
+from pg_cluster import PgCluster, start_on
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 HOOK: Final = ROOT / "hooks" / "keymem_hook.py"
@@ -33,19 +33,8 @@ PERSONAL = "my own checkout of zebrafish-gateway builds with make zebrafish-dev 
 PROJECT = "the zebrafish-gateway service deploys only after zebra-canary-check passes on the canary"
 
 
-@pytest.fixture
-def factories() -> Iterator[list[DaemonFactory]]:
-    made: list[DaemonFactory] = []
-    yield made
-    for factory in made:
-        factory.teardown()
-
-
 def _start(factories: list[DaemonFactory], tmp_path: Path, name: str, url: str, **env: str) -> DaemonProcess:
-    (tmp_path / name).mkdir()
-    factory = DaemonFactory(tmp_path / name)
-    factories.append(factory)
-    return factory.start(KEYMEM_STORE_URL=url, KEYMEM_TEAM_NAMESPACES=TEAM, KEYMEM_TOOLS="full", **env)
+    return start_on(factories, tmp_path, name, url, KEYMEM_TEAM_NAMESPACES=TEAM, KEYMEM_TOOLS="full", **env)
 
 
 def _in_sqlite(daemon: DaemonProcess, memory_id: str) -> bool:

@@ -11,15 +11,14 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
-from pg_cluster import PgCluster
+from pg_cluster import PgCluster, start_on
 
 PROPAGATION_TIMEOUT = 30.0
 """Seconds a write through one daemon may take to be recallable through the other on a loaded
@@ -33,29 +32,14 @@ CONCURRENT_ROUNDS = 6
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
-@pytest.fixture
-def factories(tmp_path: Path) -> Iterator[list[DaemonFactory]]:
-    made: list[DaemonFactory] = []
-    yield made
-    for factory in made:
-        factory.teardown()
-
-
-def _start(factories: list[DaemonFactory], tmp_path: Path, name: str, url: str) -> DaemonProcess:
-    (tmp_path / name).mkdir()
-    factory = DaemonFactory(tmp_path / name)
-    factories.append(factory)
-    return factory.start(KEYMEM_STORE_URL=url)
-
-
 def _recalls(daemon: DaemonProcess, query: str, memory_id: str) -> bool:
     return memory_id in json.dumps(daemon.call("recall", {"query": query})["result"])
 
 
 def test_two_daemons_see_each_others_writes_and_forgets(
         factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
-    a = _start(factories, tmp_path, "a", pg_database)
-    b = _start(factories, tmp_path, "b", pg_database)
+    a = start_on(factories, tmp_path, "a", pg_database)
+    b = start_on(factories, tmp_path, "b", pg_database)
     stats = b.client().get("/v1/stats").json()
     assert stats["store"].startswith("postgresql "), stats
     assert "stale" not in stats, stats
@@ -93,8 +77,8 @@ def test_two_daemons_see_each_others_writes_and_forgets(
 
 def test_the_same_key_made_through_both_daemons_at_once_is_one_key(
         factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
-    a = _start(factories, tmp_path, "a", pg_database)
-    b = _start(factories, tmp_path, "b", pg_database)
+    a = start_on(factories, tmp_path, "a", pg_database)
+    b = start_on(factories, tmp_path, "b", pg_database)
     for round_ in range(CONCURRENT_ROUNDS):
         key = f"kubernetes ingress controller {round_}"
         barrier = threading.Barrier(2)
@@ -121,7 +105,7 @@ def test_the_same_key_made_through_both_daemons_at_once_is_one_key(
 
 def test_a_role_gets_through_keymem_only_the_namespaces_granted_to_it(
         factories: list[DaemonFactory], tmp_path: Path, cli: Cli, pg_cluster: PgCluster, pg_database: str) -> None:
-    owner = _start(factories, tmp_path, "owner", pg_database)
+    owner = start_on(factories, tmp_path, "owner", pg_database)
     private = owner.remember("the payroll export runs from the finance box at midnight", ["payroll export"])
     shared = owner.remember("the deploy freeze starts every friday at three", ["deploy freeze"], namespace="team-docs")
     database = pg_database.rsplit("/", 1)[1]
@@ -139,7 +123,7 @@ def test_a_role_gets_through_keymem_only_the_namespaces_granted_to_it(
     assert f"as {stranger_role} refused" in said and "row-level security" in said, said
     assert "payroll" not in said and all(p not in said for p in pg_cluster.passwords.values())
     # A role granted one namespace to read: that namespace, nothing else, and no writes.
-    reader = _start(factories, tmp_path, "reader", pg_cluster.url_for(reader_role, database))
+    reader = start_on(factories, tmp_path, "reader", pg_cluster.url_for(reader_role, database))
     assert _recalls(reader, "deploy freeze friday", shared)
     assert not _recalls(reader, "payroll export finance box midnight", private)
     assert private not in json.dumps(reader.call("recall", {"query": "payroll export", "namespace": "default"}))
@@ -159,7 +143,7 @@ def _remember_raw(client: httpx.Client, i: int) -> tuple[int, Any]:
 
 def test_stopping_postgresql_mid_burst_loses_no_acknowledged_write(
         factories: list[DaemonFactory], tmp_path: Path, own_pg_cluster: PgCluster) -> None:
-    a = _start(factories, tmp_path, "a", own_pg_cluster.url)
+    a = start_on(factories, tmp_path, "a", own_pg_cluster.url)
     client = a.client(timeout=120.0)
     acknowledged: list[str] = []
     errors: list[str] = []

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 from daemon_helpers import DaemonFactory, DaemonProcess, wait_for
+from pg_cluster import start_on
 
 DAEMONS = 2
 CLIENTS_PER_DAEMON = 4
@@ -70,21 +70,6 @@ with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, ti
 """
 
 
-@pytest.fixture
-def factories() -> Iterator[list[DaemonFactory]]:
-    made: list[DaemonFactory] = []
-    yield made
-    for factory in made:
-        factory.teardown()
-
-
-def _start(factories: list[DaemonFactory], tmp_path: Path, name: str, url: str) -> DaemonProcess:
-    (tmp_path / name).mkdir(exist_ok=True)
-    factory = DaemonFactory(tmp_path / name)
-    factories.append(factory)
-    return factory.start(KEYMEM_STORE_URL=url)
-
-
 def _serves(daemon: DaemonProcess, memory_id: str, content: str) -> bool:
     memory = daemon.call("read_memory", {"memory_id": memory_id})["result"].get("memory")
     return memory is not None and memory["content"].split(":", 1)[0] == content
@@ -92,7 +77,7 @@ def _serves(daemon: DaemonProcess, memory_id: str, content: str) -> bool:
 
 def test_two_daemons_and_eight_client_processes_store_all_2000_remembers_exactly_once(
         factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
-    daemons = [_start(factories, tmp_path, f"d{n}", pg_database) for n in range(DAEMONS)]
+    daemons = [start_on(factories, tmp_path, f"d{n}", pg_database) for n in range(DAEMONS)]
     clients: list[subprocess.Popen[str]] = []
     outs = [tmp_path / f"client-{k}.out" for k in range(DAEMONS * CLIENTS_PER_DAEMON)]
     try:
@@ -177,7 +162,7 @@ def _burst(daemon: DaemonProcess, writer: int, stop: threading.Event, acknowledg
 
 def test_a_daemon_sigkilled_mid_burst_leaves_every_acknowledged_write_whole_and_nothing_locked(
         factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
-    daemon = _start(factories, tmp_path, "a", pg_database)
+    daemon = start_on(factories, tmp_path, "a", pg_database)
     stop = threading.Event()
     acknowledged: list[tuple[str, str]] = []
     attempted: dict[str, list[str]] = {}

@@ -51,6 +51,15 @@ def test_the_piece_table_in_a_file_embeds_exactly_as_in_memory(tmp_path: Path, i
     assert not list(tmp_path.glob("*.partial"))
 
 
+def _flip_a_byte(path: Path) -> None:
+    """Damage the table in place, as a bad sector would: same size, one byte changed."""
+    with path.open("r+b") as f:
+        f.seek(12_345_678)
+        byte = f.read(1)
+        f.seek(12_345_678)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray, damage: str) -> None:
     UseEmbedder(tmp_path)
@@ -58,11 +67,7 @@ def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray
     if damage == "truncate":
         os.truncate(path, 4096)
     else:
-        with path.open("r+b") as f:
-            f.seek(12_345_678)
-            byte = f.read(1)
-            f.seek(12_345_678)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        _flip_a_byte(path)
     assert np.array_equal(UseEmbedder(tmp_path).embed(TEXTS), in_memory)
     assert table_file(tmp_path).stat().st_size == 128_010 * 512
 
@@ -90,11 +95,7 @@ def test_a_table_file_unchanged_since_its_check_is_trusted_without_reading_it(
     assert reads == [path], "the file is as it was checked: nothing read"
 
     # Changed in place (its mtime moves): read again, found damaged, rewritten.
-    with path.open("r+b") as f:
-        f.seek(12_345_678)
-        byte = f.read(1)
-        f.seek(12_345_678)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    _flip_a_byte(path)
     assert np.array_equal(UseEmbedder(tmp_path).embed(TEXTS), in_memory)
     assert reads == [path, path]
     assert not list(tmp_path.glob("*.partial"))
