@@ -200,8 +200,10 @@ class PostgresRepository:
                     with conn.transaction():
                         # A sequential scan makes a serializable transaction conflict with every
                         # write to that table (PostgreSQL's docs: encourage index scans), and on
-                        # small tables the planner picks one for nearly every lookup.
-                        conn.execute("SET LOCAL enable_seqscan = off")
+                        # small tables the planner picks one for nearly every lookup. Priced out,
+                        # a sequential scan costs 1e10, past jit_above_cost: no JIT, or a one-row
+                        # DELETE of meta is compiled first (~0.5 s).
+                        conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL jit = off")
                         result = fn(writer)
             except _RETRYABLE as exc:
                 if time.monotonic() - started >= WRITE_RETRY_BUDGET:
