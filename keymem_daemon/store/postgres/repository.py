@@ -129,7 +129,8 @@ class PostgresRepository:
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE) -> PostgresRepository:
         """Connect, and bring the schema up to date (the first daemon of a team, as owner,
-        creates it; a member finds it there). Fails with ``StoreError`` naming the server."""
+        creates it; a member finds it there). Fails with ``StoreError`` naming the server
+        (``StoreUnavailable`` when it does not answer)."""
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
@@ -147,7 +148,7 @@ class PostgresRepository:
                 schema.migrate(conn, where=where)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             pool.close()
-            raise StoreError(f"cannot reach the store at {where}: {str(exc).strip()}") from None
+            raise StoreUnavailable(f"cannot reach the store at {where}: {str(exc).strip()}") from None
         except psycopg.errors.InsufficientPrivilege as exc:
             pool.close()
             raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
