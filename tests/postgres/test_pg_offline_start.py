@@ -2,7 +2,8 @@
 Faults): it starts anyway -- on the local replica its last run kept (reads answer, marked
 possibly stale), or on nothing, saying so -- refuses writes at once naming the server, finds the
 server by itself once it is back, and then serves what the server holds and stops saying
-stale. With team namespaces apart, the personal half keeps working fully meanwhile."""
+stale. With team namespaces apart, the personal half keeps working fully meanwhile. A replica
+whose fill the outage cut answers with what it holds."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import pytest
 from daemon_helpers import DaemonFactory, DaemonProcess, wait_for
 from pg_cluster import PgCluster
 
-from keymem_daemon.store.postgres.repository import POOL_TIMEOUT
+from keymem_daemon.engine.ports import MemoryRow
+from keymem_daemon.errors import StoreUnavailable
+from keymem_daemon.store.postgres.offline import FailoverRepository, Replica
+from keymem_daemon.store.postgres.repository import POOL_TIMEOUT, PostgresRepository
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -56,6 +60,11 @@ def _stale(daemon: DaemonProcess) -> str:
     health = daemon.client().get("/health").json()
     assert health["status"] == "ready" and any("possibly stale" in w for w in health.get("warnings", [])), health
     return str(stale)
+
+
+def _wait_followed(daemon: DaemonProcess) -> None:
+    wait_for(lambda: "stale" not in daemon.client().get("/v1/stats").json(), RECOVERY_TIMEOUT,
+             message=lambda: f"the daemon to follow the server\n{daemon.log()}")
 
 
 def _recall(daemon: DaemonProcess, query: str, **extra: str) -> dict[str, Any]:
@@ -111,8 +120,7 @@ def _scenario(cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]
     # The server comes back: both find it by themselves and serve what it holds.
     cluster.start_server()
     for daemon in (again, fresh):
-        wait_for(lambda d=daemon: "stale" not in d.client().get("/v1/stats").json(), RECOVERY_TIMEOUT,
-                 message=lambda d=daemon: f"the daemon to follow the server\n{d.log()}")
+        _wait_followed(daemon)
     assert kept in json.dumps(_recall(fresh, "staging database password vault")), "loaded from the server"
     later = again.remember(LATER, ["staging freeze"])
     wait_for(lambda: later in json.dumps(_recall(fresh, "staging database freeze june")), RECOVERY_TIMEOUT,
@@ -135,8 +143,7 @@ def test_with_team_namespaces_apart_a_start_without_the_server_keeps_the_persona
         assert personal in json.dumps(recalled["result"]), recalled
         _refused_write(daemon, own_pg_cluster, namespace="team-payments")
         own_pg_cluster.start_server()
-        wait_for(lambda: "stale" not in daemon.client().get("/v1/stats").json(), RECOVERY_TIMEOUT,
-                 message=lambda: f"the daemon to follow the server\n{daemon.log()}")
+        _wait_followed(daemon)
         team = daemon.remember("the team deploys the payments service only on tuesdays", ["payments deploy"],
                                namespace="team-payments")
         both = json.dumps(_recall(daemon, "payments service deploy tuesdays")["result"])
@@ -145,3 +152,28 @@ def test_with_team_namespaces_apart_a_start_without_the_server_keeps_the_persona
     finally:
         for each in factories:
             each.teardown()
+
+
+def test_a_replica_whose_fill_the_outage_cut_answers_with_what_it_holds_instead_of_failing(
+        own_pg_cluster: PgCluster, tmp_path: Path) -> None:
+    server = PostgresRepository.open(own_pg_cluster.url)
+    store = FailoverRepository(server, Replica.create(tmp_path / "replica.db", server))
+    try:
+        store.write(lambda w: w.insert_memory(MemoryRow(
+            id="m-kept", content="note m-kept", dedup_hash="m-kept", namespace="proj", at=1.0, observed_at=None,
+            decay_profile="standard", source={}, expires_at=None, vector=b"\0" * 8)))
+        own_pg_cluster.stop_server()
+        store.replica.fill_in_background().join()
+        assert store.replica.describe().startswith("partial"), store.replica.describe()
+        # The first unit finds the server gone; then reads answer from what the copy holds.
+        assert store.read(lambda r: sorted(r.memories(["m-kept"]))) == []
+        assert store.offline() is not None
+        started = time.monotonic()
+        assert store.read(lambda r: r.memory_content("m-kept")) is None
+        with pytest.raises(StoreUnavailable, match="nothing was written"):
+            store.write(lambda w: w.delete_memory("m-kept"))
+        took = time.monotonic() - started
+        assert not Path(f"{tmp_path / 'replica.db'}.filled").exists(), "a cut fill is not kept for the next start"
+    finally:
+        store.close()
+    assert took < ANSWER_LIMIT, took
