@@ -73,16 +73,6 @@ def _recall(daemon: DaemonProcess, query: str, **extra: str) -> dict[str, Any]:
     return body
 
 
-def test_a_daemon_started_while_the_server_is_down_serves_what_it_kept_and_follows_the_server_once_back(
-        own_pg_cluster: PgCluster, tmp_path: Path) -> None:
-    factories: list[DaemonFactory] = []
-    try:
-        _scenario(own_pg_cluster, tmp_path, factories)
-    finally:
-        for factory in factories:
-            factory.teardown()
-
-
 def _factory(tmp_path: Path, factories: list[DaemonFactory], name: str) -> DaemonFactory:
     (tmp_path / name).mkdir()
     factory = DaemonFactory(tmp_path / name)
@@ -90,7 +80,9 @@ def _factory(tmp_path: Path, factories: list[DaemonFactory], name: str) -> Daemo
     return factory
 
 
-def _scenario(cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]) -> None:
+def test_a_daemon_started_while_the_server_is_down_serves_what_it_kept_and_follows_the_server_once_back(
+        own_pg_cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]) -> None:
+    cluster = own_pg_cluster
     kept_factory = _factory(tmp_path, factories, "kept")
     first = kept_factory.start(KEYMEM_STORE_URL=cluster.url)
     kept = first.remember(KEPT, ["staging database password"])
@@ -131,27 +123,22 @@ def _scenario(cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]
 
 
 def test_with_team_namespaces_apart_a_start_without_the_server_keeps_the_personal_half_whole(
-        own_pg_cluster: PgCluster, tmp_path: Path) -> None:
-    factories: list[DaemonFactory] = []
-    try:
-        factory = _factory(tmp_path, factories, "f")
-        own_pg_cluster.stop_server()
-        daemon = factory.start(KEYMEM_STORE_URL=own_pg_cluster.url, KEYMEM_TEAM_NAMESPACES="team-*")
-        assert "holds no copy" in _stale(daemon)
-        personal = daemon.remember("my editor theme is solarized dark on every machine", ["editor theme"])
-        recalled = _recall(daemon, "editor theme solarized")
-        assert personal in json.dumps(recalled["result"]), recalled
-        _refused_write(daemon, own_pg_cluster, namespace="team-payments")
-        own_pg_cluster.start_server()
-        _wait_followed(daemon)
-        team = daemon.remember("the team deploys the payments service only on tuesdays", ["payments deploy"],
-                               namespace="team-payments")
-        both = json.dumps(_recall(daemon, "payments service deploy tuesdays")["result"])
-        assert team in both, both
-        assert personal in json.dumps(_recall(daemon, "editor theme solarized")["result"]), "the local half"
-    finally:
-        for each in factories:
-            each.teardown()
+        own_pg_cluster: PgCluster, tmp_path: Path, factories: list[DaemonFactory]) -> None:
+    factory = _factory(tmp_path, factories, "f")
+    own_pg_cluster.stop_server()
+    daemon = factory.start(KEYMEM_STORE_URL=own_pg_cluster.url, KEYMEM_TEAM_NAMESPACES="team-*")
+    assert "holds no copy" in _stale(daemon)
+    personal = daemon.remember("my editor theme is solarized dark on every machine", ["editor theme"])
+    recalled = _recall(daemon, "editor theme solarized")
+    assert personal in json.dumps(recalled["result"]), recalled
+    _refused_write(daemon, own_pg_cluster, namespace="team-payments")
+    own_pg_cluster.start_server()
+    _wait_followed(daemon)
+    team = daemon.remember("the team deploys the payments service only on tuesdays", ["payments deploy"],
+                           namespace="team-payments")
+    both = json.dumps(_recall(daemon, "payments service deploy tuesdays")["result"])
+    assert team in both, both
+    assert personal in json.dumps(_recall(daemon, "editor theme solarized")["result"]), "the local half"
 
 
 def test_a_replica_whose_fill_the_outage_cut_answers_with_what_it_holds_instead_of_failing(

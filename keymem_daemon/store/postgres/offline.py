@@ -439,8 +439,8 @@ class FailoverRepository:
 
 class Connector:
     """Tries a server that did not answer at start again, with backoff, in a thread, until
-    ``on_connected`` (handed the opened server) returns; a ``StoreError`` from either (the
-    server went away again meanwhile) is tried again later."""
+    ``on_connected`` (handed the opened server) returns; a failure of either (the server went
+    away again meanwhile) is tried again later."""
 
     def __init__(self, open_server: Callable[[], PostgresRepository],
                  on_connected: Callable[[PostgresRepository], None]) -> None:
@@ -471,7 +471,9 @@ class Connector:
                 logger.warning("the store went away again while this daemon caught up (%s); trying again", exc)
                 server.close()
                 continue
-            except BaseException:
+            except Exception:
+                # Whatever it was, the daemon stays on its replica: tried again rather than never.
+                logger.exception("catching up with the store failed; trying again in %.1f s", delay)
                 server.close()
-                raise
+                continue
             return

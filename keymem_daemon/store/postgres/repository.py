@@ -227,7 +227,7 @@ class PostgresRepository:
             except (PoolTimeout, psycopg.OperationalError) as exc:
                 if committing:
                     # The COMMIT was sent and its answer never came: the server may have
-                    # committed it (it answers a retry with the same Idempotency-Key in kind).
+                    # committed it (a retry with the same Idempotency-Key gets its first answer).
                     raise StoreUnavailable(f"the store at {self.where} stopped answering while it committed the "
                                            f"write: {str(exc).strip()}; it may or may not have been saved (retry "
                                            "with the same Idempotency-Key, or read it back)") from None
