@@ -270,8 +270,9 @@ class Service:
         url = self.settings.store_url
         assert url is not None
         self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
-        self._follower.start()
+        # The fill first: the changes the follower reads meanwhile wait for it (not a second fill).
         store.replica.fill_in_background()
+        self._follower.start()
 
     def _caught_up(self, graph: MemoryGraph, store: Any, server: Any) -> None:
         """The server answers after a start without it: what opening the engine does is done
