@@ -568,8 +568,8 @@ class Service:
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         """The store's export; with team namespaces apart, the local store's (as importable as
         ever), the team store's under ``team``, each naming its store. Refused while a shared
-        store's server is down: the local replica holds no memory vectors, idempotency records
-        nor activity, so an export from it would look whole and not be."""
+        store's server is down: the local replica holds no idempotency records nor activity, and
+        may lag the server, so an export from it would look whole and not be."""
         graph = self.ready_graph()
         stale = self.stale()
         if stale is not None:
