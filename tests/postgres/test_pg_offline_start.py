@@ -100,6 +100,11 @@ def test_a_daemon_started_while_the_server_is_down_serves_what_it_kept_and_follo
     assert took < ANSWER_LIMIT, took
     got = again.call("read_memory", {"memory_id": kept})
     assert not got["is_error"] and got["result"]["memory"]["content"] == KEPT, got
+    # The push path (what the hook calls) answers from it too, at once.
+    injected, took = _timed(lambda: again.client().post("/v1/inject", json={
+        "prompt": "how often does the staging database password rotate in the vault?"}).json())
+    assert kept in json.dumps(injected["memories"]) and "possibly stale" in injected["stale"], injected
+    assert took < ANSWER_LIMIT, took
     _refused_write(again, cluster)
 
     # A daemon that never saw the server starts too, on nothing, and says so.
