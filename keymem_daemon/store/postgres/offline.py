@@ -41,6 +41,7 @@ import psycopg
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import StoreUnavailable
 from keymem_daemon.store.postgres.changes import Change, ChangeFollower
+from keymem_daemon.store.postgres.memories import streamed
 from keymem_daemon.store.postgres.repository import PostgresRepository
 from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, Store
 from keymem_daemon.store.sqlite.replica import REPLICA_COLUMNS
@@ -51,10 +52,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REPLICA_FILE: Final = "team-replica.db"
-FILL_CHUNK: Final = 2000
-"""Rows fetched from the server and written to the replica per step of the fill: large enough
-that a round trip and a SQLite commit are a small part of a step, small enough that the fill
-holds a few MB of rows at a time whatever the store's size."""
 _INDEX_COLUMNS: Final = "memory_id, content_tokens, key_tokens"
 
 
@@ -165,18 +162,10 @@ def source_rows(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, list[Any]]
     """Every row a replica copies from the server, as ``(table, rows)`` chunks in the order
     their foreign keys need (``memory_fts``: ``(memory_id, content_tokens, key_tokens)``)."""
     for table in REPLICA_COLUMNS:
-        for rows in _stream(conn, _select(table)):
+        for rows in streamed(conn, _select(table)):
             yield table, rows
-    for rows in _stream(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
+    for rows in streamed(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
         yield "memory_fts", rows
-
-
-def _stream(conn: psycopg.Connection[Any], sql: str) -> Iterator[list[Any]]:
-    """The rows of ``sql``, ``FILL_CHUNK`` at a time, from a server-side cursor."""
-    with conn.cursor(name="keymem_replica") as cursor:
-        cursor.execute(sql.encode())
-        while rows := cursor.fetchmany(FILL_CHUNK):
-            yield rows
 
 
 def _put_rows(writer: SqliteWriter, *, table: str, rows: list[Any]) -> None:
