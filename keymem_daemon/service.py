@@ -227,7 +227,9 @@ class Service:
     def _open_team_store(self, embedder: Any, reranker: Any) -> MemoryGraph:
         """The engine over the PostgreSQL store at ``KEYMEM_STORE_URL`` (schema brought up to
         date), following its change log from before the load so that no other daemon's write
-        is missed: what it changes reaches this daemon's in-memory tables."""
+        is missed: what it changes reaches this daemon's in-memory tables. A local replica a
+        previous run left current (store/postgres/resume.py) is loaded instead of the server's
+        tables, and the change log read from its cursor before the daemon serves."""
         from keymem_daemon.store.postgres.changes import ChangeFollower
         from keymem_daemon.store.postgres.offline import REPLICA_FILE, FailoverRepository, Replica
 
@@ -235,17 +237,27 @@ class Service:
         assert url is not None
         server = opening.open_postgres(url)
         try:
-            cursor = server.change_cursor()
             # Reads while the server does not answer come from a local copy (offline.py).
-            store = FailoverRepository(server, Replica.create(self.settings.data_dir / REPLICA_FILE, server))
+            replica, cursor = Replica.resume(self.settings.data_dir / REPLICA_FILE, server)
+            store = FailoverRepository(server, replica)
+            store.resumed = cursor is not None
+            if cursor is None:
+                cursor = server.change_cursor()
         except BaseException:
             server.close()
             raise
         graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
                                  progress=self._re_embedding)
-        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
+        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch),
+                                                         on_cursor=replica.note_position)
+        if replica.ready:
+            try:
+                self._follower.catch_up()
+            except Exception as exc:  # the thread catches up once the server answers
+                logger.warning("could not read the change log since the local replica's position (%s)", exc)
+        else:
+            replica.fill_in_background()
         self._follower.start()
-        store.replica.fill_in_background()
         self._team = store
         return graph
 
@@ -514,8 +526,8 @@ class Service:
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         """The store's export; with team namespaces apart, the local store's (as importable as
         ever), the team store's under ``team``, each naming its store. Refused while a shared
-        store's server is down: the local replica holds no memory vectors, idempotency records
-        nor activity, so an export from it would look whole and not be."""
+        store's server is down: the local replica holds no idempotency records nor activity,
+        and may lag the server, so an export from it would look whole and not be."""
         graph = self.ready_graph()
         stale = self.stale()
         if stale is not None:

@@ -253,7 +253,7 @@ class GraphIndexes:
                 self.counts.apply(memory_id, None, reader.member_state(memory_id))
             return keys, bodies
 
-        keys, bodies = self.store.read(load)
+        keys, bodies = self.store.load(load)
         if bad_keys or bad_bodies:
             self._quarantine(bad_keys, bad_bodies, problems)
         logger.info("loaded %d keys and %d memory vectors in %.2f s", keys, bodies, time.perf_counter() - started)

@@ -2,13 +2,15 @@
 repository that switches to it.
 
 - **The replica** (``Replica``) is a SQLite file in the daemon's data dir
-  (``<data>/team-replica.db``, made afresh at each start) with the keymem schema, read through
+  (``<data>/team-replica.db``) with the keymem schema, read through
   the SQLite store's ordinary ``SqliteReader``: so every read port -- the lexical index
   included -- answers from it as the SQLite store would. It is filled in the background once
   the daemon is ready (one snapshot of the server, streamed in chunks) and kept in step by
   the change follower: each batch of changes names the memories and keys it touched, and
   their rows are read again from the server and put in place (deleted ones deleted).
-  Memories are copied without their vectors (the daemon holds them in memory). A file rather
+  It records where it is in the change log, so a daemon restarted on the same data dir loads
+  from it and reads only what changed since, when that is safe (``resume.py``); otherwise it
+  is made afresh and filled again. A file rather
   than an in-memory copy: what the daemon holds in RAM stays its key and vector tables
   (SQLite's page cache is bounded), and the copy is SQLite's own engine, not a second one.
 - **The repository** (``FailoverRepository``) is what the engine sees. While the server
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
@@ -40,6 +43,7 @@ import psycopg
 
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import StoreUnavailable
+from keymem_daemon.store.postgres import resume
 from keymem_daemon.store.postgres.changes import Change, ChangeFollower
 from keymem_daemon.store.postgres.memories import streamed
 from keymem_daemon.store.postgres.repository import PostgresRepository
@@ -52,6 +56,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REPLICA_FILE: Final = "team-replica.db"
+POSITION_INTERVAL: Final = 60.0
+"""Seconds between records of the replica's position while no change reaches it: a restart
+then reads at most a minute of the change log again for nothing."""
 _INDEX_COLUMNS: Final = "memory_id, content_tokens, key_tokens"
 
 
@@ -70,6 +77,12 @@ class Replica:
         self._lock = threading.Lock()  # one copy step at a time, in the order they are read
         self._pending: list[Change] = []
         self._filling = False
+        # Where it is in the change log (resume.py), once it holds a full copy.
+        self._who: dict[str, Any] | None = None
+        self._anchor: int | None = None
+        self._saved: int | None = None  # the cursor last saved
+        self._saved_at = float("-inf")
+        self._dirty = False  # rows copied since
 
     @classmethod
     def create(cls, path: Path, source: PostgresRepository) -> Replica:
@@ -77,6 +90,36 @@ class Replica:
         for suffix in FILE_SUFFIXES:
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return cls(Store.open(path), source)
+
+    @classmethod
+    def resume(cls, path: Path, source: PostgresRepository) -> tuple[Replica, int | None]:
+        """The replica a previous daemon left at ``path``, full and ready, with the change-log
+        cursor it is current to -- when it may be resumed (resume.py says when); else an
+        empty one (``create``) and None."""
+        if path.exists():
+            try:
+                store = Store.open(path)
+            except Exception as exc:  # damaged, or from a newer keymem: made afresh
+                logger.warning("the local replica %s cannot be opened (%s); it is made afresh", path, exc)
+            else:
+                try:
+                    saved = store.read(lambda reader: reader.meta_value(resume.POSITION))
+                    cursor, why = source.snapshot(lambda conn: resume.resumable(conn, saved))
+                except BaseException:
+                    store.close()
+                    raise
+                if cursor is not None:
+                    replica = cls(store, source)
+                    assert saved is not None
+                    position = json.loads(saved)
+                    replica._who = {name: position[name] for name in ("role", "database", "namespaces", "schema")}
+                    replica._anchor, replica._saved, replica.ready = int(position["anchor"]), cursor, True
+                    logger.info("resuming from the local replica %s at change-log cursor %d", path, cursor)
+                    return replica, cursor
+                logger.info("not resuming from the local replica %s: %s; loading everything from the server",
+                            path, why)
+                store.close()
+        return cls.create(path, source), None
 
     def fill_in_background(self) -> threading.Thread:
         """Copy everything the server holds (changes meanwhile are applied after)."""
@@ -93,7 +136,7 @@ class Replica:
         started = time.perf_counter()
         try:
             self.store.write(lambda writer: writer.clear_replica())
-            self._source.snapshot(self._copy_all)
+            who, anchor = self._source.snapshot(self._copy_all)
         except Exception:
             # Tried again with the next change the follower reads (the server answers then).
             logger.exception("could not fill the local replica; until it is, reads need the server")
@@ -102,15 +145,18 @@ class Replica:
             return
         with self._lock:
             self._filling, self.ready = False, True
+            self._who, self._anchor, self._saved, self._dirty = who, anchor, None, True
             self._bring_in_step([])
         logger.info("local replica filled in %.2f s (%s)", time.perf_counter() - started, self.store.path)
 
-    def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
+    def _copy_all(self, conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], int | None]:
+        who, anchor = resume.identity(conn), resume.newest_change(conn)
         for table, rows in source_rows(conn):
             if table == "memory_fts":
                 self.store.write(functools.partial(_put_index_rows, rows=rows))
             else:
                 self.store.write(functools.partial(_put_rows, table=table, rows=rows))
+        return who, anchor
 
     def apply(self, batch: Sequence[Change]) -> None:
         """Bring the rows ``batch`` names in step with the server (the follower's thread)."""
@@ -133,9 +179,32 @@ class Replica:
             self._copy(work)
         except StoreUnavailable:
             self._pending = work
+            return
         except Exception:
             logger.exception("could not bring the local replica in step; it is filled again")
             self._start_fill()
+            return
+        self._anchor = max(self._anchor or 0, *(c.seq for c in work))
+        self._dirty = True
+
+    def note_position(self, cursor: int) -> None:
+        """The follower read the change log up to ``cursor`` and handed every change below it
+        to ``apply``: once those are all copied, record the position (``resume.py``) -- at
+        once after copying rows, else at most every ``POSITION_INTERVAL`` (the cursor moves
+        with every transaction on the server)."""
+        with self._lock:
+            if (not self.ready or self._filling or self._pending or self._who is None or self._anchor is None
+                    or cursor == self._saved):
+                return
+            if not self._dirty and time.monotonic() - self._saved_at < POSITION_INTERVAL:
+                return
+            position = resume.encode(self._who, cursor, self._anchor)
+            try:
+                self.store.write(lambda writer: writer.set_meta({resume.POSITION: position}))
+            except Exception:
+                logger.exception("could not record the local replica's position; a restart loads everything")
+                return
+            self._saved, self._saved_at, self._dirty = cursor, time.monotonic(), False
 
     def _copy(self, batch: Sequence[Change]) -> None:
         memory_ids = sorted({c.id for c in batch if c.kind in ("memory", "relation")
@@ -231,6 +300,8 @@ class FailoverRepository:
         self.shared = True
         self.lost: str | None = None
         self.follower: ChangeFollower | None = None
+        # The replica was resumed (Replica.resume): the in-memory tables load from it.
+        self.resumed = False
         self._down_since: float | None = None  # time.monotonic() of the failure that showed it
         self._local = threading.local()
 
@@ -282,6 +353,14 @@ class FailoverRepository:
             raise StoreUnavailable(f"the store at {self.where} does not answer, and this daemon's local replica "
                                    "is not filled yet; try again once the server is back")
         return self.replica.read(fn)
+
+    def load(self, fn: Callable[[Reader], T]) -> T:
+        """The first load of a daemon that resumes (``resumed``) reads the replica; the
+        follower's catch-up then brings the tables to the server's state."""
+        if self.resumed:
+            self.resumed = False
+            return self.replica.read(fn)
+        return self.primary.read(fn)
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         why = self.offline()
