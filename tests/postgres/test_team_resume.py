@@ -147,3 +147,4 @@ def test_a_change_log_truncated_past_the_replica_makes_the_restart_load_everythi
     b = start_on(factories, tmp_path, "b", pg_database)
     assert "not resuming from the local replica" in b.log() and "truncated" in b.log(), b.log()
     _serves_exactly(b, ids, expected)
+    factories[-1].stop(b)  # before the first b's teardown, which checks the data dir is left clean
