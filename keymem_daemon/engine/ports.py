@@ -562,6 +562,10 @@ class Repository(Protocol):
 
     def write(self, fn: Callable[[Writer], T]) -> T: ...
 
+    def load(self, fn: Callable[[Reader], T]) -> T:
+        """Run the in-memory tables' load (``read``, unless the store keeps a local copy its
+        change log brings up to date afterwards: a team store's replica, store/postgres/resume.py)."""
+
     def check_files(self) -> str | None: ...
 
     def checkpoint(self) -> None: ...

@@ -956,6 +956,9 @@ class InMemoryRepository:
         self._check_open()
         return fn(InMemoryReader(self._tables))
 
+    def load(self, fn: Callable[[InMemoryReader], T]) -> T:
+        return self.read(fn)
+
     def write(self, fn: Callable[[InMemoryWriter], T]) -> T:
         if self._writing is threading.current_thread():
             raise RuntimeError("InMemoryRepository.write called from inside a write transaction")

@@ -9,6 +9,7 @@ import psycopg
 
 from keymem_daemon.engine.keys import KeyInfo
 from keymem_daemon.engine.ports import KeyRow
+from keymem_daemon.store.postgres.memories import streamed
 
 # The separator of the key texts ``loanword_evidence`` concatenates (as on SQLite).
 _UNIT: Final = "\x1f"
@@ -58,13 +59,13 @@ class PgKeyRows:
         for key_id, alias, compact in self._rows("SELECT key_id, alias, compact FROM aliases ORDER BY added_at"):
             aliases.setdefault(key_id, []).append((alias, compact))
         counts = self.link_counts()
-        for key_id, concept, compact, key_type, blob in self._conn.execute(
-                "SELECT id, concept, compact, key_type, vector FROM keys"):
-            alias_rows = aliases.get(key_id, [])
-            yield KeyInfo(
-                id=key_id, concept=concept, key_type=key_type, compact=compact,
-                aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
-                link_count=counts.get(key_id, 0)), blob
+        for rows in streamed(self._conn, "SELECT id, concept, compact, key_type, vector FROM keys"):
+            for key_id, concept, compact, key_type, blob in rows:
+                alias_rows = aliases.get(key_id, [])
+                yield KeyInfo(
+                    id=key_id, concept=concept, key_type=key_type, compact=compact,
+                    aliases=tuple(a for a, _ in alias_rows), alias_compacts=tuple(c for _, c in alias_rows),
+                    link_count=counts.get(key_id, 0)), blob
 
     def key_concepts(self) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._rows("SELECT id, concept FROM keys")]

@@ -182,6 +182,9 @@ class PostgresRepository:
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
+    def load(self, fn: Callable[[Reader], T]) -> T:
+        return self.read(fn)
+
     def write(self, fn: Callable[[Writer], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
         refuses it for a concurrent write; then its ``after_commit`` callbacks, in order.
