@@ -251,6 +251,12 @@ class PgKeyRows:
             self._conn, self._pipeline, "INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT DO NOTHING", (key_id, memory_id, weight, int(auto))) > 0
 
+    def link_all(self, key_ids: Sequence[str], memory_id: str, weight: float, auto: bool) -> list[str]:
+        # One statement for a remember's keys, not one round trip each.
+        return [r[0] for r in self._rows(
+            "INSERT INTO links(key_id, memory_id, weight, auto) SELECT k, %s, %s, %s FROM unnest(%s::text[]) k "
+            "ON CONFLICT DO NOTHING RETURNING key_id", (memory_id, weight, int(auto), list(dict.fromkeys(key_ids))))]
+
     def add_links(self, links: Sequence[tuple[str, str, float, bool]]) -> None:
         self._conn.cursor().executemany(
             "INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
