@@ -34,7 +34,6 @@ from typing import Any, Final, Literal, TypeVar
 
 import psycopg
 from psycopg import IsolationLevel, errors
-from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import describe_store_url
@@ -213,12 +212,16 @@ class PostgresRepository:
             try:
                 conn.execute(begin)
                 result = fn(pipeline)
+                # Queued: sending it may raise the error of a statement before it.
+                conn.execute(b"COMMIT")
             except BaseException:
                 _drain(conn, pipeline)
-                if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-                    conn.execute(b"ROLLBACK")
+                if not conn.broken:
+                    # psycopg's rollback, not a ROLLBACK statement: it also forgets the
+                    # statements it prepared in this unit, whose PREPARE the server may have
+                    # skipped after the error.
+                    conn.rollback()
                 raise
-            conn.execute(b"COMMIT")
         return result
 
     def write(self, fn: Callable[[Writer], T]) -> T:
