@@ -168,6 +168,8 @@ class Service:
         # The shared store's change-log follower and its repository (KEYMEM_STORE_URL only).
         self._follower: Any = None
         self._team: Any = None
+        # What looks for a server that did not answer at start (store/postgres/offline.py).
+        self._connector: Any = None
         self._roots = transcripts.TranscriptRoots.from_settings(settings)
         # What the push path surfaced in each host session, so it says nothing twice.
         self.sessions = push.SessionMemory(ttl=settings.inject_session_ttl, clock=clock)
@@ -227,27 +229,69 @@ class Service:
     def _open_team_store(self, embedder: Any, reranker: Any) -> MemoryGraph:
         """The engine over the PostgreSQL store at ``KEYMEM_STORE_URL`` (schema brought up to
         date), following its change log from before the load so that no other daemon's write
-        is missed: what it changes reaches this daemon's in-memory tables."""
-        from keymem_daemon.store.postgres.changes import ChangeFollower
-        from keymem_daemon.store.postgres.offline import REPLICA_FILE, FailoverRepository, Replica
+        is missed: what it changes reaches this daemon's in-memory tables. A server that does
+        not answer does not stop the start: the engine opens on the local replica an earlier
+        run kept (or on nothing), possibly stale, and ``Connector`` looks for the server with
+        backoff (``_caught_up`` once it answers)."""
+        from keymem_daemon.store.postgres.offline import REPLICA_FILE, Connector, FailoverRepository, Replica
 
         url = self.settings.store_url
         assert url is not None
-        server = opening.open_postgres(url)
+        path = self.settings.data_dir / REPLICA_FILE
+        try:
+            server = opening.open_postgres(url)
+        except StoreUnavailable as exc:
+            logger.warning("%s; starting on this daemon's local replica, and trying the server again", exc)
+            store = FailoverRepository(None, Replica.kept(path, describe_store_url(url)), where=describe_store_url(url))
+            with store.on_replica():
+                graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
+                                         progress=self._re_embedding)
+            self._team = store
+            self._connector = Connector(lambda: opening.open_postgres(url),
+                                        lambda server: self._caught_up(graph, store, server))
+            self._connector.start()
+            return graph
         try:
             cursor = server.change_cursor()
             # Reads while the server does not answer come from a local copy (offline.py).
-            store = FailoverRepository(server, Replica.create(self.settings.data_dir / REPLICA_FILE, server))
+            store = FailoverRepository(server, Replica.create(path, server))
         except BaseException:
             server.close()
             raise
         graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
                                  progress=self._re_embedding)
-        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
-        self._follower.start()
-        store.replica.fill_in_background()
         self._team = store
+        self._start_following(graph, store, cursor)
         return graph
+
+    def _start_following(self, graph: MemoryGraph, store: Any, cursor: int) -> None:
+        from keymem_daemon.store.postgres.changes import ChangeFollower
+
+        url = self.settings.store_url
+        assert url is not None
+        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
+        # The fill first: the changes the follower reads meanwhile wait for it (not a second fill).
+        store.replica.fill_in_background()
+        self._follower.start()
+
+    def _caught_up(self, graph: MemoryGraph, store: Any, server: Any) -> None:
+        """The server answers after a start without it: what opening the engine does is done
+        on it (the embedder's stamp, the vocabulary, duplicate keys), the in-memory tables are
+        loaded again from it, and the change log followed from before that load (the connector's
+        thread; a ``StoreError`` leaves the daemon as it was, to be tried again)."""
+        cursor = server.change_cursor()
+        store.attach(server)
+        try:
+            with store.from_server():
+                graph.ensure_embedding_space(self._re_embedding)
+                graph.load_vocabulary()
+                graph.merge_duplicate_keys()
+                graph.reload_indexes()
+        except BaseException:
+            store.detach()
+            raise
+        self._start_following(graph, store, cursor)
+        logger.info("the store at %s answers: following it again", store.where)
 
     @staticmethod
     def _follow(graph: MemoryGraph, store: Any, batch: list[Any]) -> None:
@@ -268,8 +312,15 @@ class Service:
         why = team.offline() if team is not None else None
         if why is None or url is None:
             return None
-        reads = ("reads come from this daemon's local replica" if team.replica.ready else
-                 "reads from it fail too (this daemon's local replica is not filled yet)")
+        reads = {
+            "ready": "reads come from this daemon's local replica",
+            "kept": "reads come from the local replica this daemon kept from its last run (filled "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(team.replica.kept_at or 0))}, "
+                    "nothing newer)",
+            "empty": "this daemon holds no copy of it (no local replica from an earlier run): reads find none "
+                     "of its memories",
+        }.get(team.replica.state, "reads come from the part of this daemon's local replica filled before it "
+                                  "went away (what was not copied yet is not found)")
         return (f"possibly stale: the store at {describe_store_url(url)} does not answer ({why}); {reads} "
                 "and writes fail until it is back (it reconnects by itself)")
 
@@ -324,6 +375,9 @@ class Service:
         logger.info("re-embedding %s: %d/%d", kind, done, total)
 
     def close(self) -> None:
+        connector, self._connector = self._connector, None
+        if connector is not None:
+            connector.stop()
         follower, self._follower = self._follower, None
         if follower is not None:
             follower.stop()
@@ -514,8 +568,8 @@ class Service:
     def export(self, *, include_vectors: bool = False) -> dict[str, Any]:
         """The store's export; with team namespaces apart, the local store's (as importable as
         ever), the team store's under ``team``, each naming its store. Refused while a shared
-        store's server is down: the local replica holds no memory vectors, idempotency records
-        nor activity, so an export from it would look whole and not be."""
+        store's server is down: the local replica holds no idempotency records nor activity, and
+        may lag the server, so an export from it would look whole and not be."""
         graph = self.ready_graph()
         stale = self.stale()
         if stale is not None:

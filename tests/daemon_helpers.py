@@ -65,6 +65,8 @@ REQUEST_TIMEOUT: Final = 30.0
 """One request to a test daemon (httpx's 5 s default is too short for a first write, which
 warms the embedder and Kiwi, on a busy 2-core machine)."""
 POLL: Final = 0.02
+FORGET_ROUNDS: Final = 10
+"""``DaemonProcess.forget_all``: one round per version a chain of corrections stacked up."""
 
 # Never inherited by a test daemon: they would change what it does or who it thinks calls.
 _SCRUBBED_PREFIXES: Final = ("KEYMEM_", "CLAUDE_", "CODEX_", "HF_", "HUGGINGFACE_")
@@ -221,6 +223,18 @@ class DaemonProcess:
         assert response.status_code == 200, response.text
         data: dict[str, Any] = response.json()
         return data
+
+    def forget_all(self) -> None:
+        """Forget every memory, so a test on a daemon shared with others starts from an empty
+        store as on a fresh one (forgetting a correction brings back the version it replaced:
+        hence the rounds)."""
+        for _ in range(FORGET_ROUNDS):
+            memories = self.export()["memories"]
+            if not memories:
+                return
+            for memory in memories:
+                self.call("forget", {"memory_id": memory["id"]})
+        assert not self.export()["memories"], f"memories left after {FORGET_ROUNDS} rounds of forget"
 
     def kill(self) -> None:
         """SIGKILL: no cleanup runs; ``daemon.json`` stays behind, stale."""

@@ -26,8 +26,15 @@ _HEADROOM: Final = 1.1
 # Rows widened from int8 to float32 per block when scoring a quantized table: 1024 rows of
 # 512 floats (2 MB) stay in cache between the widening and the product; 8192 (16 MB) did not,
 # and scoring 10k bodies took 3.4 ms against 1.7 (same cosines, bit for bit: each is one
-# row's dot product, whatever the block).
+# row's dot product, whatever the block; a smaller block is not: at 256 rows a product with
+# 17 query rows differed in the last bit).
 _BLOCK: Final = 1024
+# Each thread's widening buffer, reused by every scoring call on that thread. A new array per
+# block was a fresh mmap (the daemon fixes glibc's mmap threshold at 128 KiB, allocators.py)
+# whose every page faulted in and was unmapped again: with that threshold, scoring 10k bodies
+# took 75 ms against 2 ms with the buffer (load 13), and in the daemon it was 23% of
+# /v1/inject's time. The cost: 2 MB per thread that scores (one per concurrent request).
+_scratch = threading.local()
 
 Matrix = npt.NDArray[np.float32]
 
@@ -50,8 +57,11 @@ class Snapshot:
             sims = queries @ self.matrix.T
         else:
             sims = np.empty((len(queries), len(self.ids)), dtype=np.float32)
+            buffer = _widening_buffer(self.matrix.shape[1])
             for start in range(0, len(self.ids), _BLOCK):
-                block = self.matrix[start:start + _BLOCK].astype(np.float32)
+                rows = self.matrix[start:start + _BLOCK]
+                block = buffer[:len(rows)]
+                block[...] = rows  # the same widening as astype(np.float32), into kept memory
                 sims[:, start:start + _BLOCK] = (queries @ block.T) * self.scales[start:start + _BLOCK]
         sims[:, ~self.alive] = -1.0
         return sims
@@ -60,6 +70,15 @@ class Snapshot:
         """Cosine of ``vector`` with the given rows."""
         values = self.matrix[rows].astype(np.float32) @ vector
         return values if self.scales is None else values * self.scales[rows]
+
+
+def _widening_buffer(dim: int) -> Matrix:
+    """This thread's (``_BLOCK``, ``dim``) float32 buffer for widening int8 rows."""
+    buffer: Matrix | None = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.shape[1] != dim:
+        buffer = np.empty((_BLOCK, dim), dtype=np.float32)
+        _scratch.buffer = buffer
+    return buffer
 
 
 class VectorTable:

@@ -1,6 +1,7 @@
 """The daemon process from start to exit: readiness, daemon.json, the lock, the stop paths.
 
-Every test runs ``python -m keymem_daemon run`` for real, on a real port.
+Every test runs ``python -m keymem_daemon run`` for real, on a real port. The tests that only
+look at a running daemon (and leave it running) share one for the module.
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import httpx
 import pytest
-from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, scaled, wait_for
+from daemon_helpers import EXIT_TIMEOUT, READY_TIMEOUT, DaemonFactory, DaemonProcess, scaled, shared_daemon, wait_for
 
 from keymem_daemon import __version__, runtime
 from keymem_daemon.errors import DaemonNotRunning
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One running daemon for the tests that only look at it; stopped and checked after them."""
+    with shared_daemon(tmp_path_factory.mktemp("running")) as running:
+        yield running
 
 
 def test_health_answers_while_loading_and_tools_need_no_models(daemons: DaemonFactory) -> None:

@@ -378,6 +378,31 @@ def test_an_english_memory_surfaces_for_a_related_english_prompt(seeded: Seeded)
     assert run.elapsed < BUDGET_S + scaled(STARTUP_ALLOWANCE_S)
 
 
+# What the hook's request path must not import: each costs every prompt milliseconds
+# (socket builds enums and imports selectors, hashlib and hmac load OpenSSL's libcrypto,
+# urllib.request and http.client pull in ssl and email).
+SLOW_IMPORTS: Final = frozenset({"socket", "selectors", "hashlib", "hmac", "_hashlib", "ssl", "http.client",
+                                 "urllib.request", "email", "typing"})
+
+
+def imported_by(command: list[str], env: dict[str, str], stdin: bytes) -> tuple[set[str], bytes]:
+    """The modules ``command`` run with ``-X importtime`` imported, and its stdout."""
+    proc = subprocess.run([command[0], "-X", "importtime", *command[1:]], input=stdin, env=env,
+                          capture_output=True, timeout=scaled(RUN_TIMEOUT_S), check=True)
+    lines = proc.stderr.decode("utf-8", "replace").splitlines()
+    return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}, proc.stdout
+
+
+def test_the_request_path_imports_no_slow_module(seeded: Seeded) -> None:
+    env = seeded.env()
+    bare, _ = imported_by([sys.executable, "-c", "pass"], env, b"")
+    payload = json.dumps(claude_payload("Which port does the billing staging database listen on?",
+                                        seeded.root / "elsewhere")).encode()
+    modules, stdout = imported_by([sys.executable, str(HOOK), "user-prompt-submit"], env, payload)
+    assert seeded.ids["billing"] in json.loads(stdout)["hookSpecificOutput"]["additionalContext"]
+    assert (modules - bare) & SLOW_IMPORTS == set(), sorted(modules - bare)
+
+
 def test_a_korean_memory_surfaces_for_a_korean_prompt(seeded: Seeded) -> None:
     run = seeded.ask("배포 일정이 어떻게 되지?")
     context = run.context()

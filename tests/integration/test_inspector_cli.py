@@ -1,22 +1,50 @@
-"""``keymemd ui/search/show/forget/keys/activity`` as subprocesses against a real daemon."""
+"""``keymemd ui/search/show/forget/keys/activity`` as subprocesses against a real daemon.
+
+One daemon serves the module, its store emptied before each test (a start is most of what a
+test here costs); the activity test has its own, since it reads the log from the first entry."""
 
 from __future__ import annotations
 
+import functools
 import json
 import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonProcess, isolated_env, scaled, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with shared_daemon(tmp_path_factory.mktemp("inspector-cli")) as running:
+        yield running
+
+
+@pytest.fixture
+def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The module's daemon with an empty store, as a fresh one's."""
+    shared.forget_all()
+    yield shared
+    shared.close_clients()
+
+
+@pytest.fixture
+def cli(cli: Cli, request: pytest.FixtureRequest) -> Cli:
+    """conftest's ``keymemd``, with the module daemon's environment in the tests that take
+    ``daemon`` (the others run it on their own ``tmp_path``)."""
+    if "daemon" not in request.fixturenames:
+        return cli
+    daemon: DaemonProcess = request.getfixturevalue("daemon")
+    return functools.partial(cli, env=daemon.env)
 
 
 def _seed(daemon: DaemonProcess) -> tuple[str, str]:
@@ -75,7 +103,8 @@ def test_keys_lists_the_vocabulary_and_hubs(daemon: DaemonProcess, cli: Cli) -> 
     assert {k["concept"] for k in work["keys"]} == {"deploy", "billing", "schedule"}
 
 
-def test_activity_lists_and_follows_the_log(daemon: DaemonProcess, cli: Cli, tmp_path: Path) -> None:
+def test_activity_lists_and_follows_the_log(daemons: DaemonFactory, cli: Cli, tmp_path: Path) -> None:
+    daemon = daemons.start()  # its own: the follower replays the log from the first entry
     apple, _ = _seed(daemon)
     listed = cli("activity")
     assert listed.returncode == 0 and f"remembered {apple}" in listed.stdout

@@ -1,17 +1,35 @@
 """The inspector's doors, over real HTTP against a real daemon: the login link, the session
-cookie, the CSRF token, Origin and Host -- and that the cookie opens nothing but ``/ui``."""
+cookie, the CSRF token, Origin and Host -- and that the cookie opens nothing but ``/ui``.
+One daemon serves the module (but the live feed's test, which reads the activity log from its
+first entry); each test starts from an empty store and its own login."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from daemon_helpers import DaemonProcess
+from daemon_helpers import DaemonFactory, DaemonProcess, shared_daemon
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with shared_daemon(tmp_path_factory.mktemp("inspector")) as running:
+        yield running
+
+
+@pytest.fixture
+def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The module's daemon (a start is most of what these tests cost), its store emptied
+    first, as a fresh daemon's is; each test logs in with its own link and cookie."""
+    shared.forget_all()
+    yield shared
+    shared.close_clients()
 
 
 def _login(daemon: DaemonProcess) -> tuple[httpx.Client, str, str]:
@@ -119,7 +137,8 @@ def test_the_health_page_lists_backups_and_exports_and_imports(daemon: DaemonPro
     assert _alive(daemon, memory)
 
 
-def test_the_live_feed_is_a_server_sent_event_stream_behind_the_cookie_or_the_token(daemon: DaemonProcess) -> None:
+def test_the_live_feed_is_a_server_sent_event_stream_behind_the_cookie_or_the_token(daemons: DaemonFactory) -> None:
+    daemon = daemons.start()  # its own: the feed replays the activity log from the first entry
     anonymous = daemon.client(token="")
     assert anonymous.get("/ui/api/activity/stream").status_code == 401
     assert anonymous.get("/v1/inspect/activity/stream").status_code == 401

@@ -2,7 +2,8 @@
 the one-line errors of a read-only or full data dir and of an import cut short.
 
 Real daemons, real processes, real file systems: the read-only and the full data dir are
-tmpfs mounts (the tests that need one skip where mounting is not allowed).
+tmpfs mounts (the tests that need one skip where mounting is not allowed). The tests that only
+talk to a running daemon share one for the module, its store emptied before each.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from daemon_helpers import (
     DaemonProcess,
     isolated_env,
     scaled,
+    shared_daemon,
     wait_for,
 )
 from test_hook_push import claude_payload, run_hook
@@ -42,6 +44,20 @@ FLOOD: Final = 1100
 DESCRIPTORS: Final = 1024
 IMPORT_MEMORIES: Final = 4000
 """An import that takes seconds to embed: long enough to be interrupted."""
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with shared_daemon(tmp_path_factory.mktemp("hardening")) as running:
+        yield running
+
+
+@pytest.fixture
+def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The module's daemon with an empty store, as a fresh one's."""
+    shared.forget_all()
+    yield shared
+    shared.close_clients()
 
 
 def keymemd(env: dict[str, str], *args: str, timeout: float = CLI_TIMEOUT, umask: int = -1

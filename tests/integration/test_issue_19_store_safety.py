@@ -13,6 +13,9 @@ lost memories, each replayed against a real daemon on real files.
 - 25: a foreign SQLite file as keymem.db is refused and left byte for byte as it was.
 - 26: a damaged store's error points to backups/ and ``keymemd restore``, which restores the
   newest good backup and keeps the damaged file aside.
+
+The tests that only call the API share one daemon for the module, its store emptied before
+each; those that restart, damage or delete the store run their own.
 """
 
 from __future__ import annotations
@@ -23,17 +26,31 @@ import json
 import shutil
 import sqlite3
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with shared_daemon(tmp_path_factory.mktemp("store-safety")) as running:
+        yield running
+
+
+@pytest.fixture
+def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The module's daemon with an empty store, as a fresh one's."""
+    shared.forget_all()
+    yield shared
+    shared.close_clients()
 
 
 def _import(daemon: DaemonProcess, data: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Each test talks to a real daemon in a temporary data dir: either one the ``daemons``
 fixture runs, or one the shim itself starts (autostart). Daemons the shim started are
-stopped at teardown, and no keymem process may outlive a test.
+stopped at teardown, and no keymem process may outlive a test -- but the module's one
+``daemon``, which the tests that only call tools share (its store emptied before each).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from daemon_helpers import (
     isolated_env,
     live_processes,
     scaled,
+    shared_daemon,
     wait_for,
     warm_shims,
 )
@@ -89,6 +91,20 @@ def daemon_pids(data_dir: Path) -> list[int]:
         if b"keymem_daemon" in args and needle in args:
             pids.append(pid)
     return pids
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    with shared_daemon(tmp_path_factory.mktemp("shim-daemon")) as running:
+        yield running
+
+
+@pytest.fixture
+def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The module's daemon (and its warm shim) with an empty store, as a fresh one's."""
+    shared.forget_all()
+    yield shared
+    shared.close_clients()
 
 
 @pytest.fixture
@@ -635,12 +651,14 @@ async def test_the_shim_never_imports_a_model_library(daemon: DaemonProcess, tmp
     assert heavy == []
 
 
-async def test_the_warm_shim_never_imports_a_model_library(daemon: DaemonProcess, tmp_path: Path) -> None:
+async def test_the_warm_shim_never_imports_a_model_library(daemons: DaemonFactory, tmp_path: Path) -> None:
     """A warm shim of our own, under ``-X importtime``, takes the socket over from the daemon's.
 
     Its forked shims inherit the flag and write to the launcher's stderr, so the two logs
-    together name everything a warm session loaded.
+    together name everything a warm session loaded. (A daemon of its own: the socket is gone
+    after.)
     """
+    daemon = daemons.start()
     socket_file = warm_shim_socket(daemon)
     wait_for(socket_file.exists, READY_TIMEOUT, message=str(socket_file))
     previous = socket_file.stat().st_ino

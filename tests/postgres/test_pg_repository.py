@@ -260,3 +260,17 @@ def test_many_concurrent_writers_on_two_daemons_store_every_memory_once_under_on
     total = 2 * threads_per_repo * writes_per_thread
     assert failures == []
     assert (counts.keys, counts.links, counts.namespaces) == (1, total, {"proj": total})
+
+
+def test_a_write_that_must_scan_a_table_is_planned_without_jit(repository: PostgresRepository) -> None:
+    """Writes price sequential scans out (``enable_seqscan = off``: 1e10 each), which puts
+    every scan of a small table past ``jit_above_cost``: JIT-compiling a one-row DELETE took
+    ~0.5 s, at every daemon start (the embedder stamp) and in the engine suite's every test."""
+
+    def plan(w: Writer) -> str:
+        # The writer's own connection (tests may look inside): what its statements run as.
+        rows = w._conn.execute("EXPLAIN DELETE FROM meta WHERE left(name, 3) = 'zzz'").fetchall()  # type: ignore[attr-defined]
+        return "\n".join(str(row[0]) for row in rows)
+
+    explained = repository.write(plan)
+    assert "Seq Scan on meta" in explained and "JIT" not in explained, explained

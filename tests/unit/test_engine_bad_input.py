@@ -3,15 +3,19 @@ names its field, refusals say what to fix, and none of them changes the store.""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from engine_helpers import Tools, key_id, remember, state
+from engine_helpers import FakeClock, StoreAt, Tools, key_id, open_graph, remember, state
+from pg_cluster import OWNER as PG_OWNER
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
+from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import NotFound, Refused
+from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp.tools import Context, call_tool
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,12 +115,50 @@ FAULTS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.fixture
-def seeded(graph: MemoryGraph) -> tuple[str, str]:  # noqa: F811
+def seed(graph: MemoryGraph) -> tuple[str, str]:
+    """One memory and its key: the ids the faults name (``MID``, ``KID``)."""
     mid = remember(
         graph, "The staging database is Postgres 15", ["staging", "database", "데이터베이스"]
     )
     return mid, key_id(graph, "database")
+
+
+@pytest.fixture(scope="module")
+def seeded_stores(
+    tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, analyzer: Analyzer, request: pytest.FixtureRequest
+) -> Iterator[Callable[[str], tuple[Tools, tuple[str, str]]]]:
+    """``seeded_stores(backend)``: one seeded store per backend for the module's tests that
+    change nothing -- each asserts that its store is as it found it, so the next one finds
+    the same seeded store a fresh one would have (a store per case cost a database and an
+    open, 100+ times)."""
+    opened: dict[str, tuple[Tools, tuple[str, str]]] = {}
+    databases: list[str] = []
+
+    def get(backend: str) -> tuple[Tools, tuple[str, str]]:
+        if backend not in opened:
+            where = tmp_path_factory.mktemp("seeded")
+            store: StoreAt = where / "keymem.db"
+            if backend == "postgres":
+                databases.append(request.getfixturevalue("pg_fresh_databases").take())
+                store = request.getfixturevalue("pg_cluster").url_for(PG_OWNER, databases[-1])
+            graph = open_graph(store, embedder, Settings(data_dir=where), FakeClock(), analyzer)
+            opened[backend] = Tools(graph, Settings(data_dir=where, tools="full"), Host()), seed(graph)
+        return opened[backend]
+
+    yield get
+    for tools, _ in opened.values():
+        tools.graph.close()
+    for database in databases:
+        request.getfixturevalue("pg_fresh_databases").give_back(database)
+
+
+@pytest.fixture
+def unchanged(
+    backend: str, seeded_stores: Callable[[str], tuple[Tools, tuple[str, str]]]
+) -> tuple[Tools, tuple[str, str]]:
+    """The module's seeded store of the test's backend (``seeded_stores``): for tests that
+    assert they leave it unchanged."""
+    return seeded_stores(backend)
 
 
 @pytest.mark.parametrize(
@@ -125,13 +167,13 @@ def seeded(graph: MemoryGraph) -> tuple[str, str]:  # noqa: F811
     ids=[f"{t}-{f}-{i}" for i, (t, _, f) in enumerate(FAULTS)],
 )
 def test_a_malformed_argument_is_an_error_naming_its_field_and_changes_nothing(
-    graph: MemoryGraph,
-    tools: Tools,
-    seeded: tuple[str, str],
-    tool: str,  # noqa: F811
+    unchanged: tuple[Tools, tuple[str, str]],
+    tool: str,
     arguments: dict[str, Any],
     field: str,
 ) -> None:
+    tools, seeded = unchanged
+    graph = tools.graph
     before = state(graph)
     outcome = tools(tool, fill(arguments, *seeded))
     assert outcome.is_error, outcome.result
@@ -188,24 +230,22 @@ def test_no_usable_key_is_a_refusal_that_saves_nothing(
     ],
 )
 def test_an_unknown_id_gives_a_clear_error_and_changes_nothing(
-    graph: MemoryGraph,
-    tools: Tools,  # noqa: F811
-    seeded: tuple[str, str],
+    unchanged: tuple[Tools, tuple[str, str]],
     tool: str,
     arguments: dict[str, Any],
     message: str,
 ) -> None:
+    tools, seeded = unchanged
+    graph = tools.graph
     before = state(graph)
     outcome = tools(tool, fill(arguments, *seeded))
     assert message in outcome.result["error"]
     assert state(graph) == before
 
 
-def test_forgetting_an_unknown_id_reports_nothing_deleted(
-    graph: MemoryGraph,
-    tools: Tools,  # noqa: F811
-    seeded: tuple[str, str],
-) -> None:
+def test_forgetting_an_unknown_id_reports_nothing_deleted(unchanged: tuple[Tools, tuple[str, str]]) -> None:
+    tools, _ = unchanged
+    graph = tools.graph
     before = state(graph)
     assert tools.ok("forget", {"memory_id": "0123456789ab"}) == {"deleted": False}
     assert state(graph) == before

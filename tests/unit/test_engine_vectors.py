@@ -60,3 +60,51 @@ def test_stacked_rows_equal_single_reads_with_zeros_for_unknown_ids(quantized: b
         np.testing.assert_allclose(stacked[i], single if single is not None else np.zeros(16), atol=1e-6)
     assert not stacked[1].any() and not stacked[2].any()
     assert table.stack([]).shape == (0, 16)
+
+
+def quantized_table(count: int, dim: int) -> VectorTable:
+    table = VectorTable(dim, quantized=True)
+    for i, row in enumerate(unit_rows(count, dim)):
+        table.upsert(f"m{i}", row)
+    table.remove("m7")
+    return table
+
+
+def widened_block_by_block(table: VectorTable, queries: np.ndarray) -> np.ndarray:
+    """Scoring as it was before the kept buffer: a new float32 array per 1024-row block."""
+    snap = table.snapshot()
+    assert snap.scales is not None
+    sims = np.empty((len(queries), len(snap.ids)), dtype=np.float32)
+    for start in range(0, len(snap.ids), 1024):
+        block = snap.matrix[start:start + 1024].astype(np.float32)
+        sims[:, start:start + 1024] = (queries @ block.T) * snap.scales[start:start + 1024]
+    sims[:, ~snap.alive] = -1.0
+    return sims
+
+
+@pytest.mark.parametrize("queries", [1, 3, 17])
+def test_scoring_int8_rows_through_the_kept_buffer_gives_the_same_cosines_bit_for_bit(queries: int) -> None:
+    table = quantized_table(2600, 48)  # three blocks, the last one short
+    query_rows = unit_rows(queries, 48, seed=11)
+    got = table.snapshot().similarities(query_rows)
+    assert np.array_equal(got, widened_block_by_block(table, query_rows))
+
+
+def test_scoring_int8_rows_allocates_no_block_per_call() -> None:
+    # A new 1024-row float32 block per call was a fresh mmap under the daemon's fixed mmap
+    # threshold (allocators.py), every page faulted in: the thread's buffer is reused.
+    import tracemalloc
+
+    dim = 256
+    table = quantized_table(3000, dim)
+    query = unit_rows(1, dim, seed=5)
+    snap = table.snapshot()
+    snap.similarities(query)  # this thread's buffer exists from here on
+    tracemalloc.start()
+    try:
+        snap.similarities(query)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    block_bytes = 1024 * dim * 4
+    assert peak < block_bytes // 4, peak

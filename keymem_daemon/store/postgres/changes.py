@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 
 import psycopg
 
+from keymem_daemon.store.postgres.liveness import WatchedConnection
 from keymem_daemon.store.postgres.schema import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class ChangeFollower:
         delay = RECONNECT_BACKOFF
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **LIVENESS) as conn:
+                with WatchedConnection.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                                               **LIVENESS) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     delay = RECONNECT_BACKOFF
                     self.connected = True

@@ -1,24 +1,33 @@
-"""Serving reads while the PostgreSQL server does not answer: a local read replica, and the
-repository that switches to it.
+"""Serving reads while the PostgreSQL server does not answer: a local read replica, the
+repository that switches to it, and the connector that finds a server which was down when the
+daemon started.
 
 - **The replica** (``Replica``) is a SQLite file in the daemon's data dir
-  (``<data>/team-replica.db``, made afresh at each start) with the keymem schema, read through
-  the SQLite store's ordinary ``SqliteReader``: so every read port -- the lexical index
-  included -- answers from it as the SQLite store would. It is filled in the background once
-  the daemon is ready (one snapshot of the server, streamed in chunks) and kept in step by
-  the change follower: each batch of changes names the memories and keys it touched, and
-  their rows are read again from the server and put in place (deleted ones deleted).
-  Memories are copied without their vectors (the daemon holds them in memory). A file rather
-  than an in-memory copy: what the daemon holds in RAM stays its key and vector tables
-  (SQLite's page cache is bounded), and the copy is SQLite's own engine, not a second one.
+  (``<data>/team-replica.db``) with the keymem schema, read through the SQLite store's
+  ordinary ``SqliteReader``: so every read port -- the lexical index included -- answers from
+  it as the SQLite store would. It is filled in the background once the daemon is ready (one
+  snapshot of the server, streamed in chunks) and kept in step by the change follower: each
+  batch of changes names the memories and keys it touched, and their rows are read again
+  from the server and put in place (deleted ones deleted). Memories are copied with their
+  vectors, so that a daemon that starts while the server is down loads its in-memory tables
+  from it. A file rather than an in-memory copy: what the daemon holds in RAM stays its key
+  and vector tables (SQLite's page cache is bounded), and the copy is SQLite's own engine,
+  not a second one. It outlives the daemon: a file beside it (``REPLICA_FILE`` +
+  ``FILLED_SUFFIX``) records which server and role it copies and when its fill ended, written
+  once a fill is complete and removed when one begins, so the next start uses the file only
+  if it is a whole copy of what the same role may read on the same server.
 - **The repository** (``FailoverRepository``) is what the engine sees. While the server
   answers, every unit goes to it (``PostgresRepository``). Once it is known not to -- the
-  follower's connection is lost, or a unit failed to reach it -- reads go straight to the
-  replica (no wait for the pool's timeout) and writes are refused at once with
-  ``StoreUnavailable`` naming the server; ``offline()`` says why, for ``status`` and
-  ``/health`` (possibly stale). When the follower is connected again and has read the change
-  log to its end after the outage began, the replica and the in-memory tables have caught up
-  and units go to the server again.
+  follower's connection is lost, a unit failed to reach it, or it did not answer when the
+  daemon started -- reads go straight to the replica (no wait for the pool's timeout) and
+  writes are refused at once with ``StoreUnavailable`` naming the server; ``offline()`` says
+  why, for ``status`` and ``/health`` (possibly stale). When the follower is connected again
+  and has read the change log to its end after the outage began, the replica and the
+  in-memory tables have caught up and units go to the server again.
+- **The connector** (``Connector``): a daemon whose server does not answer at start starts
+  anyway, on what its replica holds (an earlier run's copy, or nothing), and a thread tries
+  the server again with backoff; once it answers, the service brings the tables in step
+  with it and starts following its change log (``service.py``).
 
 What the replica cannot know is a change committed on the server that the follower had not
 read when the server went away (it reads within milliseconds of each COMMIT): that is why
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
@@ -39,8 +49,8 @@ from typing import Any, Final, Literal, TypeVar
 import psycopg
 
 from keymem_daemon.engine.ports import Reader, Writer
-from keymem_daemon.errors import StoreUnavailable
-from keymem_daemon.store.postgres.changes import Change, ChangeFollower
+from keymem_daemon.errors import StoreError, StoreUnavailable
+from keymem_daemon.store.postgres.changes import MAX_RECONNECT_BACKOFF, RECONNECT_BACKOFF, Change, ChangeFollower
 from keymem_daemon.store.postgres.repository import PostgresRepository
 from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, Store
 from keymem_daemon.store.sqlite.replica import REPLICA_COLUMNS
@@ -51,6 +61,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REPLICA_FILE: Final = "team-replica.db"
+FILLED_SUFFIX: Final = ".filled"
+"""Beside the replica: ``{"where": server and role, "filled_at": time}`` once a fill ended."""
 FILL_CHUNK: Final = 2000
 """Rows fetched from the server and written to the replica per step of the fill: large enough
 that a round trip and a SQLite commit are a small part of a step, small enough that the fill
@@ -62,24 +74,65 @@ def _select(table: str, where: str = "") -> str:
     return f"SELECT {', '.join(REPLICA_COLUMNS[table])} FROM {table} {where}"
 
 
+ReplicaState = Literal["empty", "filling", "partial", "ready", "kept"]
+"""What a replica holds: nothing; a fill in progress; part of a fill that failed; a whole copy
+kept in step; or an earlier run's whole copy, not followed since."""
+
+
 class Replica:
     """The SQLite copy of what this daemon's role may read on the server."""
 
-    def __init__(self, store: Store, source: PostgresRepository) -> None:
+    def __init__(self, store: Store, source: PostgresRepository | None, *, where: str | None = None,
+                 kept_at: float | None = None) -> None:
         self.store = store
-        self.ready = False
-        """Whether it holds a full copy (filled, and kept in step since)."""
+        self.state: ReplicaState = "kept" if kept_at is not None else "empty"
+        self.kept_at = kept_at
+        """When (time.time) the fill of an earlier run's copy ended (``kept`` only)."""
         self._source = source
+        self._where = where if where is not None else source.where if source is not None else None
         self._lock = threading.Lock()  # one copy step at a time, in the order they are read
         self._pending: list[Change] = []
-        self._filling = False
+
+    @property
+    def ready(self) -> bool:
+        """Whether it holds a full copy (filled, and kept in step since)."""
+        return self.state == "ready"
+
+    @property
+    def _marker(self) -> Path:
+        return Path(f"{self.store.path}{FILLED_SUFFIX}")
 
     @classmethod
     def create(cls, path: Path, source: PostgresRepository) -> Replica:
         """An empty replica at ``path`` (a previous daemon's file is replaced)."""
-        for suffix in FILE_SUFFIXES:
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        _remove(path)
         return cls(Store.open(path), source)
+
+    @classmethod
+    def kept(cls, path: Path, where: str) -> Replica:
+        """The replica at ``path`` an earlier run filled from ``where`` (the server and role:
+        ``describe_store_url``), or an empty one in its place when there is none, its fill did
+        not end, or it copies another server or role."""
+        marker = Path(f"{path}{FILLED_SUFFIX}")
+        try:
+            record = json.loads(marker.read_text(encoding="utf-8"))
+            kept_at = float(record["filled_at"]) if record.get("where") == where else None
+        except (OSError, ValueError, KeyError, TypeError):
+            kept_at = None
+        if kept_at is None:
+            _remove(path)
+            return cls(Store.open(path), None, where=where)
+        try:
+            return cls(Store.open(path), None, where=where, kept_at=kept_at)
+        except StoreError as exc:
+            logger.warning("the local replica %s kept from the last run cannot be used (%s); starting without",
+                           path, exc)
+            _remove(path)
+            return cls(Store.open(path), None, where=where)
+
+    def attach(self, source: PostgresRepository) -> None:
+        """Copy from ``source`` from now on (a server that answered after the daemon started)."""
+        self._source = source
 
     def fill_in_background(self) -> threading.Thread:
         """Copy everything the server holds (changes meanwhile are applied after)."""
@@ -87,25 +140,29 @@ class Replica:
             return self._start_fill()
 
     def _start_fill(self) -> threading.Thread:
-        self._filling, self.ready = True, False
+        self._marker.unlink(missing_ok=True)
+        self.state = "filling"
         thread = threading.Thread(target=self._fill, name="keymem-replica", daemon=True)
         thread.start()
         return thread
 
     def _fill(self) -> None:
         started = time.perf_counter()
+        source = self._source
         try:
+            assert source is not None, "a replica is filled from a server it was attached to"
             self.store.write(lambda writer: writer.clear_replica())
-            self._source.snapshot(self._copy_all)
+            source.snapshot(self._copy_all)
         except Exception:
             # Tried again with the next change the follower reads (the server answers then).
             logger.exception("could not fill the local replica; until it is, reads need the server")
             with self._lock:
-                self._filling = False
+                self.state = "partial"
             return
         with self._lock:
-            self._filling, self.ready = False, True
+            self.state = "ready"
             self._bring_in_step([])
+        self._marker.write_text(json.dumps({"where": self._where, "filled_at": time.time()}), encoding="utf-8")
         logger.info("local replica filled in %.2f s (%s)", time.perf_counter() - started, self.store.path)
 
     def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
@@ -118,9 +175,9 @@ class Replica:
     def apply(self, batch: Sequence[Change]) -> None:
         """Bring the rows ``batch`` names in step with the server (the follower's thread)."""
         with self._lock:
-            if self._filling:
+            if self.state == "filling":
                 self._pending.extend(batch)
-            elif not self.ready:
+            elif self.state != "ready":
                 self._start_fill()  # an earlier fill failed; the server answers again
             else:
                 self._bring_in_step(batch)
@@ -147,18 +204,30 @@ class Replica:
         names = sorted({c.id for c in batch if c.kind == "meta"})
         if not (memory_ids or key_ids or names):
             return
-        rows = self._source.snapshot(lambda conn: _changed_rows(conn, memory_ids, key_ids, names))
+        source = self._source
+        assert source is not None, "changes are read from a server the replica was attached to"
+        rows = source.snapshot(lambda conn: _changed_rows(conn, memory_ids, key_ids, names))
         self.store.write(lambda writer: _put_changed(writer, rows, memory_ids, names))
 
     def read(self, fn: Callable[[Reader], T]) -> T:
         return self.store.read(fn)
 
+    def write(self, fn: Callable[[Writer], T]) -> T:
+        """A write to the copy alone (what opening the engine repairs while the server is down;
+        it repairs the server's rows again once that answers)."""
+        return self.store.write(fn)
+
     def describe(self) -> str:
-        """``ready PATH`` or ``filling PATH`` (for ``/v1/stats``)."""
-        return f"{'ready' if self.ready else 'filling'} {self.store.path}"
+        """``STATE PATH`` (for ``/v1/stats``)."""
+        return f"{self.state} {self.store.path}"
 
     def close(self) -> None:
         self.store.close()
+
+
+def _remove(path: Path) -> None:
+    for suffix in (*FILE_SUFFIXES, FILLED_SUFFIX):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def source_rows(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, list[Any]]]:
@@ -232,23 +301,38 @@ def _put_changed(writer: SqliteWriter, rows: dict[str, list[Any]], memory_ids: l
 
 class FailoverRepository:
     """The engine's repository on a shared store: the server while it answers, the local
-    replica for reads (and a prompt refusal for writes) once it is known not to."""
+    replica for reads (and a prompt refusal for writes) once it is known not to. ``primary``
+    is None while the server has not answered since the daemon started (``attach`` it then)."""
 
-    def __init__(self, primary: PostgresRepository, replica: Replica) -> None:
+    def __init__(self, primary: PostgresRepository | None, replica: Replica, *, where: str | None = None) -> None:
         self.primary = primary
         self.replica = replica
-        self.where = primary.where
-        self.found: Literal["store", "missing", "empty"] = primary.found
+        self.where = primary.where if primary is not None else str(where)
+        self.found: Literal["store", "missing", "empty"] = primary.found if primary is not None else "store"
         self.shared = True
         self.lost: str | None = None
         self.follower: ChangeFollower | None = None
-        self._down_since: float | None = None  # time.monotonic() of the failure that showed it
+        # time.monotonic() of the failure that showed it (a start without the server: at once).
+        self._down_since: float | None = None if primary is not None else time.monotonic()
         self._local = threading.local()
+
+    def attach(self, server: PostgresRepository) -> None:
+        """The server answers (after a start without it): units of ``from_server`` go to it at
+        once, the others once the follower has caught up (``offline``)."""
+        self.primary = server
+        self.replica.attach(server)
+
+    def detach(self) -> PostgresRepository | None:
+        """Undo ``attach`` (the server went away again before the daemon followed it)."""
+        server, self.primary = self.primary, None
+        return server
 
     # -- is the server there? -------------------------------------------------------------
 
     def offline(self) -> str | None:
         """Why units do not go to the server now (None: they do)."""
+        if self.primary is None or (self.follower is None and self._down_since is not None):
+            return "it has not answered since this daemon started"
         follower = self.follower
         # A follower that has not connected yet (the daemon is starting) has lost nothing.
         if follower is not None and not follower.connected and follower.caught_up_at > float("-inf"):
@@ -273,58 +357,123 @@ class FailoverRepository:
     def from_server(self) -> Iterator[None]:
         """Units of this thread go to the server whatever ``offline`` says (the follower's own
         reads, which bring the tables in step with the server)."""
-        self._local.direct = True
+        self._local.direct = "server"
         try:
             yield
         finally:
-            self._local.direct = False
+            self._local.direct = None
+
+    @contextlib.contextmanager
+    def on_replica(self) -> Iterator[None]:
+        """Units of this thread, writes too, go to the replica (opening the engine while the
+        server does not answer: what it repairs then, it repairs on the server once it answers)."""
+        self._local.direct = "replica"
+        try:
+            yield
+        finally:
+            self._local.direct = None
 
     # -- units of work ----------------------------------------------------------------------
 
     def read(self, fn: Callable[[Reader], T]) -> T:
-        if getattr(self._local, "direct", False):
-            return self.primary.read(fn)
-        if self.offline() is None:
+        direct = getattr(self._local, "direct", None)
+        primary = self.primary
+        if direct == "server" and primary is not None:
+            return primary.read(fn)
+        if direct != "replica" and primary is not None and self.offline() is None:
             try:
-                return self.primary.read(fn)
+                return primary.read(fn)
             except StoreUnavailable:
                 self._went_away()
-        if not self.replica.ready:
-            raise StoreUnavailable(f"the store at {self.where} does not answer, and this daemon's local replica "
-                                   "is not filled yet; try again once the server is back")
+        # Whatever the replica holds, however little (``Service.stale`` says which): a memory
+        # the in-memory tables name but the copy lacks is one the engine does not find.
         return self.replica.read(fn)
 
     def write(self, fn: Callable[[Writer], T]) -> T:
+        direct = getattr(self._local, "direct", None)
+        if direct == "replica":
+            return self.replica.write(fn)
         why = self.offline()
-        if why is not None and not getattr(self._local, "direct", False):
+        primary = self.primary
+        if primary is None or (why is not None and direct != "server"):
             raise StoreUnavailable(f"the store at {self.where} does not answer ({why}); nothing was written, "
                                    "and keymemd reconnects by itself")
         try:
-            return self.primary.write(fn)
+            return primary.write(fn)
         except StoreUnavailable:
             self._went_away()
             raise
 
+    def _server(self) -> PostgresRepository:
+        if self.primary is None:
+            raise StoreUnavailable(f"the store at {self.where} has not answered since this daemon started")
+        return self.primary
+
     def change_cursor(self) -> int:
-        return self.primary.change_cursor()
+        return self._server().change_cursor()
 
     def analyze(self) -> None:
-        self.primary.analyze()
+        if self.primary is not None:
+            self.primary.analyze()
 
     def check_files(self) -> str | None:
-        return self.primary.check_files()
+        return self.primary.check_files() if self.primary is not None else None
 
     def checkpoint(self) -> None:
-        self.primary.checkpoint()
+        if self.primary is not None:
+            self.primary.checkpoint()
 
     def backup_to(self, dest: Path) -> None:
-        self.primary.backup_to(dest)
+        self._server().backup_to(dest)
 
     def integrity_check(self) -> str:
-        return self.primary.integrity_check()
+        return self._server().integrity_check()
 
     def close(self) -> None:
         try:
             self.replica.close()
         finally:
-            self.primary.close()
+            if self.primary is not None:
+                self.primary.close()
+
+
+class Connector:
+    """Tries a server that did not answer at start again, with backoff, in a thread, until
+    ``on_connected`` (handed the opened server) returns; a failure of either (the server went
+    away again meanwhile) is tried again later."""
+
+    def __init__(self, open_server: Callable[[], PostgresRepository],
+                 on_connected: Callable[[PostgresRepository], None]) -> None:
+        self._open = open_server
+        self._on_connected = on_connected
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keymem-connect", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        delay = RECONNECT_BACKOFF
+        while not self._stop.wait(delay):
+            delay = min(delay * 2, MAX_RECONNECT_BACKOFF)
+            try:
+                server = self._open()
+            except StoreError as exc:
+                logger.info("the store still does not answer (%s); trying again in %.1f s", exc, delay)
+                continue
+            try:
+                self._on_connected(server)
+            except StoreError as exc:
+                logger.warning("the store went away again while this daemon caught up (%s); trying again", exc)
+                server.close()
+                continue
+            except Exception:
+                # Whatever it was, the daemon stays on its replica: tried again rather than never.
+                logger.exception("catching up with the store failed; trying again in %.1f s", delay)
+                server.close()
+                continue
+            return

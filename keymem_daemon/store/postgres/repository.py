@@ -42,6 +42,7 @@ from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
+from keymem_daemon.store.postgres.liveness import WatchedConnection
 from keymem_daemon.store.postgres.memories import PgMemoryRows
 from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
@@ -146,12 +147,15 @@ class PostgresRepository:
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE) -> PostgresRepository:
         """Connect, and bring the schema up to date (the first daemon of a team, as owner,
-        creates it; a member finds it there). Fails with ``StoreError`` naming the server."""
+        creates it; a member finds it there). Fails with ``StoreError`` naming the server
+        (``StoreUnavailable`` when it does not answer)."""
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
             # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
             kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS}, name="keymem",
+            # A request the server stops answering ends (liveness.py): the shim never hangs on it.
+            connection_class=WatchedConnection,
             # After the server restarts, the first unit gets a new connection instead of
             # failing on a dead one (without a round trip per checkout: _check_if_closed).
             check=_check_if_closed,
@@ -165,7 +169,7 @@ class PostgresRepository:
                 schema.migrate(conn, where=where)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             pool.close()
-            raise StoreError(f"cannot reach the store at {where}: {str(exc).strip()}") from None
+            raise StoreUnavailable(f"cannot reach the store at {where}: {str(exc).strip()}") from None
         except psycopg.errors.InsufficientPrivilege as exc:
             pool.close()
             raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
@@ -238,15 +242,23 @@ class PostgresRepository:
                started: float) -> T:
         while True:
             attempt += 1
+            committing = False
             try:
                 with self._pool.connection() as conn:
                     def run(pipeline: psycopg.Pipeline) -> tuple[PgWriter, T]:
                         # A sequential scan makes a serializable transaction conflict with every
                         # write to that table (PostgreSQL's docs: encourage index scans), and on
-                        # small tables the planner picks one for nearly every lookup.
+                        # small tables the planner picks one for nearly every lookup. Priced out,
+                        # a sequential scan costs 1e10, past jit_above_cost: no JIT, or a one-row
+                        # DELETE of meta is compiled first (~0.5 s). (Two statements: pipeline
+                        # mode sends one per message; both ride the unit's first round trip.)
+                        nonlocal committing
                         conn.execute(b"SET LOCAL enable_seqscan = off")
+                        conn.execute(b"SET LOCAL jit = off")
                         writer = PgWriter(conn, pipeline, self._lexicon, self._lexicon.generation)
-                        return writer, fn(writer)
+                        result = fn(writer)
+                        committing = True  # what fails now is the COMMIT (and what was queued with it)
+                        return writer, result
 
                     writer, result = self._unit(conn, _BEGIN_WRITE, run)
             except _RETRYABLE as exc:
@@ -265,6 +277,12 @@ class PostgresRepository:
                 raise Refused(f"the store at {self.where} refused the write: {str(exc).strip()} (ask the "
                               "database owner for a write grant: keymemd team grant NAMESPACE ROLE --write)") from None
             except (PoolTimeout, psycopg.OperationalError) as exc:
+                if committing:
+                    # The COMMIT was sent and its answer never came: the server may have
+                    # committed it (a retry with the same Idempotency-Key gets its first answer).
+                    raise StoreUnavailable(f"the store at {self.where} stopped answering while it committed the "
+                                           f"write: {str(exc).strip()}; it may or may not have been saved (retry "
+                                           "with the same Idempotency-Key, or read it back)") from None
                 raise StoreUnavailable(f"the store at {self.where} refused the write or does not answer: "
                                  f"{str(exc).strip()}; nothing was written") from None
             if writer.index_changed:

@@ -4,9 +4,9 @@ answer reads from it while the server does not answer. These are a ``SqliteWrite
 operations (never the engine's: its writes go to the server); the replica is read through
 the ordinary ``SqliteReader``.
 
-The tables and columns are the keymem schema's (both stores have the same); memories are
-copied without their vectors (the daemon holds those in memory, and no read while the server
-is away needs them), keys with theirs, as SQLite requires one.
+The tables and columns are the keymem schema's (both stores have the same); memories and keys
+are copied with their vectors, so that a daemon that starts while the server is away loads
+its in-memory tables from the copy.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ REPLICA_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "memories": ("rowid", "id", "content", "dedup_hash", "namespace", "depth", "access_count", "created_at",
                  "updated_at", "last_accessed", "observed_at", "last_confirmed_at", "confirmation_count",
                  "decay_profile", "last_confirmation_evidence", "last_confirmation_source", "last_confirmation_id",
-                 "expires_at", "supersedes", "superseded_by", "source"),
+                 "expires_at", "supersedes", "superseded_by", "source", "vector"),
     "links": ("key_id", "memory_id", "weight", "auto"),
     "relations": ("from_id", "to_id"),
 }

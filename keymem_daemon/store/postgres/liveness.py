@@ -1,0 +1,61 @@
+"""Connections that give up on a server that stopped answering mid-request.
+
+TCP keepalives and ``tcp_user_timeout`` (``changes.LIVENESS``) catch a network that dropped
+between the daemon and the server -- but only when the daemon's own kernel sees its packets
+go unanswered. Behind anything that acknowledges them for the server (a proxy, a connection
+pooler, a NAT or VPN box that hung, a server host that froze) a request waits for an answer
+that never comes, forever: the shim's call or the hook's push with it. ``WatchedConnection``
+(every connection of the daemon: the pool's and the change follower's) watches each wait on
+its socket: when nothing at all arrives for ``SILENCE_TIMEOUT`` seconds, it closes the socket
+and raises ``psycopg.OperationalError`` (which the store turns into ``StoreUnavailable``). A
+long answer that keeps arriving -- a load streaming 100k rows -- is never cut, whatever it takes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Final, TypeVar
+
+import psycopg
+from psycopg.abc import PQGen
+from psycopg.waiting import Ready, Wait
+
+RV = TypeVar("RV")
+
+SILENCE_TIMEOUT: Final = 5.0
+"""Seconds a request may receive nothing from the server before the connection is given up:
+a keymem statement answers in milliseconds, a busy server on a loaded machine in well under a
+second, and a lock another daemon's transaction holds lasts one short transaction; as
+``tcp_user_timeout`` (5 s) for a network that dropped. Within the shim's and the hook's own
+timeouts, so a write behind a hung network fails with ``store_unavailable`` instead."""
+POLL_INTERVAL: Final = 0.1
+"""Seconds between two looks at the silence (psycopg's own wait interval)."""
+
+
+def _watched(gen: PQGen[RV], conn: psycopg.Connection[Any], silence: float) -> PQGen[RV]:
+    """``gen``, ended with ``OperationalError`` once its socket stays silent for ``silence`` s
+    (the waiter sends ``Ready`` 0 after each poll interval that brought nothing)."""
+    heard = time.monotonic()
+    try:
+        state: Wait = next(gen)
+        while True:
+            ready: Ready | int = yield state
+            now = time.monotonic()
+            if ready:
+                heard = now
+            elif now - heard >= silence:
+                conn.pgconn.finish()
+                raise psycopg.OperationalError(f"the server sent nothing for {silence:g} s (the network or the "
+                                               "server hangs); the connection was closed")
+            state = gen.send(ready)
+    except StopIteration as done:
+        result: RV = done.value
+        return result
+
+
+class WatchedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose requests end when the server stays silent (module doc)."""
+
+    silence: float = SILENCE_TIMEOUT
+
+    def wait(self, gen: PQGen[RV], interval: float = POLL_INTERVAL, timeout: float | None = None) -> RV:
+        return super().wait(_watched(gen, self, self.silence), interval, timeout)
