@@ -21,10 +21,10 @@ from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
 from keymem_daemon.store.opening import open_postgres
 
 KEYS = ["deploy freeze", "배포 동결", "Mina", "release train"]
-# One remember of a new memory whose four keys the store holds already: BEGIN, SET LOCAL,
-# its twin looked up, the memory, its links (one statement), its keys' state after, its key
-# texts, its index row, COMMIT. Before: one statement per link, its state read before too,
-# and a read unit (BEGIN, the keys read back, COMMIT) for the write hints -- 16.
+# One remember of a new memory whose four keys the store holds already: BEGIN, the two SET
+# LOCALs, its twin looked up, the memory, its links (one statement), its key texts, its index
+# row, COMMIT. Before: one statement per link, its keys' state read before and after, and a
+# read unit (BEGIN, the keys read back, COMMIT) for the write hints -- 16.
 REMEMBER_STATEMENTS = 9
 # One recall of a query that finds a key: four read units (the query's token statistics;
 # its lexical candidates, their rows, tokens and links; the key's members, their rows,
@@ -82,6 +82,7 @@ def test_one_remember_of_known_keys_is_nine_statements(graph: MemoryGraph, count
         _remember(graph, f"release train {i}: Mina keeps the deploy freeze until the {i}th") for i in range(rounds)))
     assert all(result.saved and not result.deduplicated for result in done)
     total = sum(calls for calls, _ in statements)
+    print(f"{total / rounds:.1f} statements per remember")
     assert total <= REMEMBER_STATEMENTS * rounds, statements
     links = [calls for calls, query in statements if query.startswith("INSERT INTO links")]
     assert links == [rounds], statements  # the four links of each in one statement
@@ -96,4 +97,5 @@ def test_one_recall_is_at_most_nineteen_statements(graph: MemoryGraph, counted_c
         recall(graph, "when does the deploy freeze end?") for _ in range(rounds)))
     assert all(result.status == "found" for result in found)
     total = sum(calls for calls, _ in statements)
+    print(f"{total / rounds:.1f} statements per recall")
     assert total <= RECALL_STATEMENTS * rounds, statements

@@ -30,6 +30,7 @@ from keymem_daemon.engine.keys import (
     PHRASE_TOKENS,
     KeyInfo,
     KeyType,
+    MemberState,
     PendingKey,
     conflicting_qualifiers,
     cross_script,
@@ -358,13 +359,15 @@ class Remembering(Browsing):
             self.reindex_keys_of(writer, [twin])
             return twin, True, refs
         memory_id = new_id()
-        with self.counting(writer, []) as counted:
-            counted.append(memory_id)  # new: it counts from empty, its state before is not read
-            writer.insert_memory(MemoryRow(
-                id=memory_id, content=request.content, dedup_hash=digest, namespace=request.namespace, at=now,
-                observed_at=request.observed_at, decay_profile=request.decay_profile, source=source,
-                expires_at=expires, vector=vector_bytes(vectors.body)))
-            refs = self.link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
+        writer.insert_memory(MemoryRow(
+            id=memory_id, content=request.content, dedup_hash=digest, namespace=request.namespace, at=now,
+            observed_at=request.observed_at, decay_profile=request.decay_profile, source=source,
+            expires_at=expires, vector=vector_bytes(vectors.body)))
+        refs = self.link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
+        # A new memory counts from nothing to what was just written (``counting`` would read
+        # both states back: on a shared store, a read of the links every other write conflicts with).
+        state = MemberState(request.namespace, tuple(sorted({ref.key_id for ref in refs})), expires)
+        writer.after_commit(functools.partial(self.counts.apply, memory_id, None, state))
         writer.add_relations(memory_id, request.related_to)
         self.index_memory(writer, memory_id, vectors.indexable(self.analyzer))
         body, code = vectors.body, self.namespace_code(request.namespace)
