@@ -183,6 +183,10 @@ def test_with_the_server_down_the_personal_half_still_answers_and_team_writes_fa
         "content": "the team tmux config lives in the dotfiles repo", "keys": ["tmux"], "namespace": "team-ops"}})
     assert f"127.0.0.1:{own_pg_cluster.port}" in refused.text, refused.text
     assert all(secret not in refused.text for secret in own_pg_cluster.passwords.values())
+    # An import with a team memory is refused naming the server, its personal half unwritten.
+    failed = _import(alice, SPANNING)
+    assert failed["event"] == "error" and f"127.0.0.1:{own_pg_cluster.port}" in failed["error"]["message"], failed
+    assert not _in_sqlite(alice, "mpersonal001")
     own_pg_cluster.start_server()
 
 
