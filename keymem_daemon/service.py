@@ -232,7 +232,9 @@ class Service:
         is missed: what it changes reaches this daemon's in-memory tables. A server that does
         not answer does not stop the start: the engine opens on the local replica an earlier
         run kept (or on nothing), possibly stale, and ``Connector`` looks for the server with
-        backoff (``_caught_up`` once it answers)."""
+        backoff (``_caught_up`` once it answers). A local replica a previous run left current
+        (store/postgres/resume.py) is loaded instead of the server's tables, and the change
+        log read from its cursor before the daemon serves."""
         from keymem_daemon.store.postgres.offline import REPLICA_FILE, Connector, FailoverRepository, Replica
 
         url = self.settings.store_url
@@ -252,9 +254,13 @@ class Service:
             self._connector.start()
             return graph
         try:
-            cursor = server.change_cursor()
-            # Reads while the server does not answer come from a local copy (offline.py).
-            store = FailoverRepository(server, Replica.create(path, server))
+            # Reads while the server does not answer come from a local copy (offline.py); one
+            # a previous run left current is resumed (store/postgres/resume.py).
+            replica, cursor = Replica.resume(path, server)
+            store = FailoverRepository(server, replica)
+            store.resumed = cursor is not None
+            if cursor is None:
+                cursor = server.change_cursor()
         except BaseException:
             server.close()
             raise
@@ -269,9 +275,16 @@ class Service:
 
         url = self.settings.store_url
         assert url is not None
-        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch))
-        # The fill first: the changes the follower reads meanwhile wait for it (not a second fill).
-        store.replica.fill_in_background()
+        self._follower = store.follower = ChangeFollower(url, cursor, lambda batch: self._follow(graph, store, batch),
+                                                         on_cursor=store.replica.note_position)
+        if store.replica.ready:  # resumed: current up to ``cursor``
+            try:
+                self._follower.catch_up()
+            except Exception as exc:  # the thread catches up once the server answers
+                logger.warning("could not read the change log since the local replica's position (%s)", exc)
+        else:
+            # The fill first: the changes the follower reads meanwhile wait for it (not a second fill).
+            store.replica.fill_in_background()
         self._follower.start()
 
     def _caught_up(self, graph: MemoryGraph, store: Any, server: Any) -> None:

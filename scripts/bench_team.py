@@ -62,7 +62,9 @@ from keymem_daemon.engine.ports import KeyRow, MemoryRow  # noqa: E402
 from keymem_daemon.inference.embedders import load_embedder_or_default  # noqa: E402
 from keymem_daemon.store import opening  # noqa: E402
 from keymem_daemon.store.postgres import changes  # noqa: E402
+from keymem_daemon.store.postgres.offline import REPLICA_FILE  # noqa: E402
 from keymem_daemon.store.postgres.repository import PostgresRepository  # noqa: E402
+from keymem_daemon.store.postgres.resume import POSITION  # noqa: E402
 from keymem_daemon.store.sqlite.database import Store  # noqa: E402
 
 VECTOR = b"\0" * 2048  # a 512-d float32 vector, as the default embedder's
@@ -266,11 +268,81 @@ def _start(daemon: Daemon) -> dict[str, float]:
             "vectors_loaded": int(found[-1][1]) if found else 0}
 
 
-def _at_size(url: str, size: int, daemons: int, samples: int) -> dict[str, Any]:
+def seed_store(size: int, tmp: Path, seed_dir: Path | None) -> tuple[Path, float]:
+    """The SQLite store of ``size`` memories (``build_sqlite``), and seconds spent building it:
+    kept as ``seed-SIZE.db`` in ``seed_dir`` and reused from there when given (100k memories
+    take minutes to build, against ~2 minutes for the COPY and seconds for what is measured)."""
+    if seed_dir is None:
+        seed = tmp / "seed.db"
+        return seed, build_sqlite(seed, size)
+    seed = seed_dir / f"seed-{size}.db"
+    if seed.exists():
+        return seed, 0.0
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    partial = seed.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    spent = build_sqlite(partial, size)
+    partial.rename(seed)
+    return seed, spent
+
+
+def _replica_position(data_dir: Path) -> bool:
+    """Whether a daemon's replica has recorded its position (store/postgres/resume.py)."""
+    path = data_dir / REPLICA_FILE
+    if not path.exists():
+        return False
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT 1 FROM meta WHERE name = ?", (POSITION,)).fetchone() is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def joining(url: str, tmp: Path, baseline_src: Path | None) -> dict[str, Any]:
+    """Daemons joining the team on the store at ``url``, one after the other: with the code at
+    ``baseline_src`` (when given: another checkout's package directory's parent, put first on
+    PYTHONPATH), with this code, and this one again restarted on its data dir once its
+    replica recorded its position (it resumes from it). Each: seconds to ready, to load its
+    tables (its log), and its RSS once ready."""
+    out: dict[str, Any] = {}
+    runs: list[tuple[str, Path | None]] = [("this", None)]
+    if baseline_src is not None:
+        runs.insert(0, ("baseline", baseline_src))
+    for name, src in runs:
+        daemon = Daemon(tmp / f"join-{name}")
+        daemon.env["KEYMEM_STORE_URL"] = url
+        if src is not None:
+            daemon.env["PYTHONPATH"] = str(src)
+        try:
+            out[name] = {**_start(daemon), "rss_mb": round(rss_mb(daemon.process.pid), 1) if daemon.process else 0}
+            if name == "this":
+                deadline = time.monotonic() + READY_TIMEOUT
+                while not _replica_position(daemon.data_dir):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the joining daemon's replica never recorded its position")
+                    time.sleep(PROPAGATION_POLL * 20)
+                daemon.stop()
+                out["restarted"] = {**_start(daemon), "rss_mb": round(rss_mb(daemon.process.pid), 1)
+                                    if daemon.process else 0}
+        finally:
+            daemon.stop()
+    if "baseline" in out:
+        out["ratio_load_tables"] = round(out["this"]["load_tables_s"] / out["baseline"]["load_tables_s"], 2)
+        out["ratio_ready"] = round(out["this"]["ready_s"] / out["baseline"]["ready_s"], 2)
+    return out
+
+
+def _at_size(url: str, size: int, daemons: int, samples: int, seed_dir: Path | None, baseline_src: Path | None,
+             load_only: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="keymem-bench-team-") as tmp:
-        seed = Path(tmp) / "seed.db"
-        out: dict[str, Any] = {"memories": size, "build_sqlite_s": round(build_sqlite(seed, size), 1),
+        seed, built = seed_store(size, Path(tmp), seed_dir)
+        out: dict[str, Any] = {"memories": size, "build_sqlite_s": round(built, 1),
                                "copy_to_postgresql_s": round(copy_to_postgres(seed, url), 1)}
+        if load_only:
+            out["joining"] = joining(url, Path(tmp), baseline_src)
+            return out
         sqlite = Daemon(Path(tmp) / "sqlite")
         sqlite.data_dir.mkdir(parents=True)
         shutil.copy(seed, sqlite.data_dir / "keymem.db")
@@ -295,20 +367,31 @@ def _at_size(url: str, size: int, daemons: int, samples: int) -> dict[str, Any]:
             out["rss_mb"] = {name: round(rss_mb(d.process.pid), 1) for name, d in
                              (("sqlite", sqlite), *((f"postgresql_{i}", d) for i, d in enumerate(team)))
                              if d.process is not None}
-            # A daemon that joins the team now loads everything the others wrote.
-            late = Daemon(Path(tmp) / "late")
-            late.env["KEYMEM_STORE_URL"] = url
-            out["new_daemon"] = _start(late)
-            started.append(late)
         finally:
             for daemon in started:
                 daemon.stop()
+        # Daemons that join the team now load everything the others wrote.
+        out["joining"] = joining(url, Path(tmp), baseline_src)
     return out
+
+
+def _print_joining(r: dict[str, Any]) -> None:
+    for name, what in (("baseline", "baseline code"), ("this", "this code"), ("restarted", "this code, restarted")):
+        f = r["joining"].get(name)
+        if f is not None:
+            print(f"  a daemon joining ({what}): ready in {f['ready_s']:.2f} s, its tables ({f['vectors_loaded']:,} "
+                  f"memory vectors) loaded in {f['load_tables_s']:.2f} s (target <= 10 s), RSS {f['rss_mb']:.0f} MB")
+    if "ratio_load_tables" in r["joining"]:
+        j = r["joining"]
+        print(f"  this code / baseline: load x{j['ratio_load_tables']}, ready x{j['ratio_ready']}")
 
 
 def _print_size(r: dict[str, Any]) -> None:
     print(f"\n{r['memories']:,} memories (built in {r['build_sqlite_s']} s, copied to PostgreSQL in "
           f"{r['copy_to_postgresql_s']} s)")
+    if "http" not in r:
+        _print_joining(r)
+        return
     print(f"  {'daemon':14} {'ready s':>8} {'load s':>7} {'remember p50/p95 ms':>20} {'recall p50/p95 ms':>18} "
           f"{'ratio rem p95':>13} {'ratio rec p50/p95':>17} {'RSS MB':>7}")
     for name, f in r["http"].items():
@@ -320,9 +403,7 @@ def _print_size(r: dict[str, Any]) -> None:
               f"{f['recall_p95_ms']:<7.1f} {ratios} {r['rss_mb'].get(name, 0):>7.0f}")
     for pair, p in r["propagation"].items():
         print(f"  propagation {pair}: p50 {p['p50_ms']:.0f} ms, p95 {p['p95_ms']:.0f} ms (target p95 <= 1000)")
-    late = r["new_daemon"]
-    print(f"  a new daemon joining: ready in {late['ready_s']:.2f} s, its tables ({late['vectors_loaded']:,} memory "
-          f"vectors) loaded in {late['load_tables_s']:.2f} s (target <= 10 s)")
+    _print_joining(r)
 
 
 def main() -> None:
@@ -332,6 +413,11 @@ def main() -> None:
     parser.add_argument("--daemons", type=int, default=2, choices=(2, 3, 4), help="PostgreSQL daemons on one server")
     parser.add_argument("--samples", type=int, default=100, help="timed HTTP calls of each kind per daemon")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--seed-dir", type=Path, help="keep the built stores here (seed-SIZE.db) and reuse them")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="a checkout of other code (e.g. git archive main) whose joining daemon is measured beside")
+    parser.add_argument("--load-only", action="store_true",
+                        help="only the joining daemons' load (no HTTP figures, no store-level units)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     bindir = find_bindir()
@@ -340,7 +426,7 @@ def main() -> None:
     result: dict[str, Any] = {"load_average_at_start": os.getloadavg(), "daemons": args.daemons}
     cluster = start_cluster(bindir, unprivileged_user())
     try:
-        if args.writes:
+        if args.writes and not args.load_only:
             with tempfile.TemporaryDirectory() as tmp:
                 sqlite_store = Store.open(Path(tmp) / "keymem.db")
                 try:
@@ -366,7 +452,7 @@ def main() -> None:
         result["sizes"] = []
         for size in sizes:
             figures = _at_size(cluster.url_for("keymem_owner", cluster.create_database()), size, args.daemons,
-                               args.samples)
+                               args.samples, args.seed_dir, args.baseline_src, args.load_only)
             result["sizes"].append(figures)
             _print_size(figures)
     finally:

@@ -218,6 +218,12 @@ class KeyIndex:
         if vector is not None:
             self.vectors.upsert(info.id, vector)
 
+    def put_many(self, infos: Sequence[KeyInfo], vectors: npt.NDArray[np.float32]) -> None:
+        """``put`` of many keys with their vectors (``vectors[i]`` is ``infos[i]``'s): a load."""
+        for info in infos:
+            self.put(info)
+        self.vectors.upsert_many([info.id for info in infos], vectors, np.zeros(len(infos), dtype=np.int32))
+
     def remove(self, key_id: str) -> None:
         with self._lock:
             old = self._info.pop(key_id, None)

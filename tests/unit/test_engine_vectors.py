@@ -62,6 +62,27 @@ def test_stacked_rows_equal_single_reads_with_zeros_for_unknown_ids(quantized: b
     assert table.stack([]).shape == (0, 16)
 
 
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_block_upsert_stores_the_rows_row_by_row_upserts_store_bit_for_bit(quantized: bool) -> None:
+    rows = unit_rows(700, 32)
+    rows[3] = 0.0  # a text the embedder cannot read: a zero row (scale 1/127 on int8)
+    one, block = VectorTable(32, quantized=quantized), VectorTable(32, quantized=quantized)
+    for i, row in enumerate(rows[:650]):
+        one.upsert(f"m{i}", row, i % 3)
+    # Two blocks, the second growing the matrix and replacing rows the first put.
+    block.upsert_many([f"m{i}" for i in range(300)], rows[:300], np.arange(300, dtype=np.int32) % 3)
+    block.upsert_many([f"m{i}" for i in range(250, 650)], rows[250:650], np.arange(250, 650, dtype=np.int32) % 3)
+
+    a, b = one.snapshot(), block.snapshot()
+    assert a.ids == b.ids
+    np.testing.assert_array_equal(a.matrix, b.matrix)
+    np.testing.assert_array_equal(a.groups, b.groups)
+    assert a.alive.all() and b.alive.all()
+    if quantized:
+        assert a.scales is not None and b.scales is not None
+        np.testing.assert_array_equal(a.scales, b.scales)
+
+
 def quantized_table(count: int, dim: int) -> VectorTable:
     table = VectorTable(dim, quantized=True)
     for i, row in enumerate(unit_rows(count, dim)):

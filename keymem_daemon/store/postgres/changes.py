@@ -85,7 +85,8 @@ class ChangeFollower:
     change made meanwhile arrives late rather than never. ``cursor`` is then where it got to:
     what a daemon keeps to resume after a restart."""
 
-    def __init__(self, url: str, cursor: int, on_changes: Callable[[list[Change]], None]) -> None:
+    def __init__(self, url: str, cursor: int, on_changes: Callable[[list[Change]], None],
+                 on_cursor: Callable[[int], None] | None = None) -> None:
         self.cursor = cursor
         # Whether the follower holds a connection to the change log now: while it does not,
         # what the daemon holds in memory may lag the server (status says "possibly stale").
@@ -95,11 +96,21 @@ class ChangeFollower:
         self.caught_up_at = float("-inf")
         self._url = url
         self._on_changes = on_changes
+        # Told the cursor after each round, once everything below it went to on_changes.
+        self._on_cursor = on_cursor
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keymem-changes", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def catch_up(self) -> None:
+        """Read what changed since the cursor now, in this thread, before ``start``: a daemon
+        resuming from an old cursor is current before it serves. Raises what connecting
+        raises (``psycopg.OperationalError``)."""
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **LIVENESS) as conn:
+            self._catch_up(conn)
+        self.connected = True  # it answered just now; the thread's own connection follows
 
     def stop(self) -> None:
         """Stop following (within ``WAKE_INTERVAL``)."""
@@ -139,3 +150,8 @@ class ChangeFollower:
                 return
         self.cursor = cursor
         self.caught_up_at = began
+        if self._on_cursor is not None:
+            try:
+                self._on_cursor(cursor)
+            except Exception:
+                logger.exception("recording the change-log cursor failed")

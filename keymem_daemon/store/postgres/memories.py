@@ -23,6 +23,21 @@ ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_
 _LEXEME_QUERY: Final = "('''' || replace(replace(t, '\\', '\\\\'), '''', '''''') || '''')::tsquery"
 
 
+STREAM_ROWS: Final = 4096
+"""Rows per round trip of a streamed read (a load, the replica's fill): 8 MB of 512-d vectors,
+so round trips are a small part of the transfer while the rows in hand stay a few MB."""
+
+
+def streamed(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``sql``, ``STREAM_ROWS`` at a time, from a server-side cursor in binary
+    form: a vector arrives as its bytes, not as hex text the server encodes and psycopg
+    decodes again (which took as long as the rest of a load). Inside a transaction."""
+    with conn.cursor(name="keymem_stream", binary=True) as cursor:
+        cursor.execute(sql.encode(), params)
+        while rows := cursor.fetchmany(STREAM_ROWS):
+            yield rows
+
+
 def memory_of_row(row: Mapping[str, Any]) -> Memory:
     """A Memory from a dict row of MEMORY_COLUMNS (SQLite's columns: the schema is the same),
     by SQLite's own function, which reads columns by name as a dict row offers them."""
@@ -123,11 +138,10 @@ class PgMemoryRows:
 
     def stored_vectors(self, expected_bytes: int) -> Iterator[tuple[str, str, bytes | None, bool, str | None]]:
         # The text only of rows whose vector has the wrong size (as on SQLite).
-        for memory_id, namespace, blob, superseded, content in self._conn.execute(
-                "SELECT id, namespace, vector, superseded_by IS NOT NULL, "
-                "CASE WHEN octet_length(vector) != %s THEN content END FROM memories WHERE vector IS NOT NULL",
-                (expected_bytes,)):
-            yield memory_id, namespace, blob, bool(superseded), content
+        for rows in streamed(self._conn, "SELECT id, namespace, vector, superseded_by IS NOT NULL, "
+                             "CASE WHEN octet_length(vector) != %s::int THEN content END FROM memories "
+                             "WHERE vector IS NOT NULL", (expected_bytes,)):
+            yield from rows
 
     def live_vector_count(self) -> int:
         return int(self._value("SELECT COUNT(*) FROM memories WHERE superseded_by IS NULL AND vector IS NOT NULL"))

@@ -15,7 +15,9 @@ daemon started.
   not a second one. It outlives the daemon: a file beside it (``REPLICA_FILE`` +
   ``FILLED_SUFFIX``) records which server and role it copies and when its fill ended, written
   once a fill is complete and removed when one begins, so the next start uses the file only
-  if it is a whole copy of what the same role may read on the same server.
+  if it is a whole copy of what the same role may read on the same server. It records where it
+  is in the change log too: a daemon restarted on the same data dir while the server answers
+  loads from it and reads only what changed since, when that is safe (``resume.py``).
 - **The repository** (``FailoverRepository``) is what the engine sees. While the server
   answers, every unit goes to it (``PostgresRepository``). Once it is known not to -- the
   follower's connection is lost, a unit failed to reach it, or it did not answer when the
@@ -50,7 +52,9 @@ import psycopg
 
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import StoreError, StoreUnavailable
+from keymem_daemon.store.postgres import resume
 from keymem_daemon.store.postgres.changes import MAX_RECONNECT_BACKOFF, RECONNECT_BACKOFF, Change, ChangeFollower
+from keymem_daemon.store.postgres.memories import streamed
 from keymem_daemon.store.postgres.repository import PostgresRepository
 from keymem_daemon.store.sqlite.database import FILE_SUFFIXES, Store
 from keymem_daemon.store.sqlite.replica import REPLICA_COLUMNS
@@ -63,10 +67,9 @@ T = TypeVar("T")
 REPLICA_FILE: Final = "team-replica.db"
 FILLED_SUFFIX: Final = ".filled"
 """Beside the replica: ``{"where": server and role, "filled_at": time}`` once a fill ended."""
-FILL_CHUNK: Final = 2000
-"""Rows fetched from the server and written to the replica per step of the fill: large enough
-that a round trip and a SQLite commit are a small part of a step, small enough that the fill
-holds a few MB of rows at a time whatever the store's size."""
+POSITION_INTERVAL: Final = 60.0
+"""Seconds between records of the replica's position while no change reaches it: a restart
+then reads at most a minute of the change log again for nothing."""
 _INDEX_COLUMNS: Final = "memory_id, content_tokens, key_tokens"
 
 
@@ -92,6 +95,12 @@ class Replica:
         self._where = where if where is not None else source.where if source is not None else None
         self._lock = threading.Lock()  # one copy step at a time, in the order they are read
         self._pending: list[Change] = []
+        # Where it is in the change log (resume.py), once it holds a full copy.
+        self._who: dict[str, Any] | None = None
+        self._anchor: int | None = None
+        self._saved: int | None = None  # the cursor last saved
+        self._saved_at = float("-inf")
+        self._dirty = False  # rows copied since
 
     @property
     def ready(self) -> bool:
@@ -107,6 +116,36 @@ class Replica:
         """An empty replica at ``path`` (a previous daemon's file is replaced)."""
         _remove(path)
         return cls(Store.open(path), source)
+
+    @classmethod
+    def resume(cls, path: Path, source: PostgresRepository) -> tuple[Replica, int | None]:
+        """The replica a previous daemon left at ``path``, full and ready, with the change-log
+        cursor it is current to -- when it may be resumed (resume.py says when); else an
+        empty one (``create``) and None."""
+        if path.exists():
+            try:
+                store = Store.open(path)
+            except Exception as exc:  # damaged, or from a newer keymem: made afresh
+                logger.warning("the local replica %s cannot be opened (%s); it is made afresh", path, exc)
+            else:
+                try:
+                    saved = store.read(lambda reader: reader.meta_value(resume.POSITION))
+                    cursor, why = source.snapshot(lambda conn: resume.resumable(conn, saved))
+                except BaseException:
+                    store.close()
+                    raise
+                if cursor is not None:
+                    replica = cls(store, source)
+                    assert saved is not None
+                    position = json.loads(saved)
+                    replica._who = {name: position[name] for name in ("role", "database", "namespaces", "schema")}
+                    replica._anchor, replica._saved, replica.state = int(position["anchor"]), cursor, "ready"
+                    logger.info("resuming from the local replica %s at change-log cursor %d", path, cursor)
+                    return replica, cursor
+                logger.info("not resuming from the local replica %s: %s; loading everything from the server",
+                            path, why)
+                store.close()
+        return cls.create(path, source), None
 
     @classmethod
     def kept(cls, path: Path, where: str) -> Replica:
@@ -152,7 +191,7 @@ class Replica:
         try:
             assert source is not None, "a replica is filled from a server it was attached to"
             self.store.write(lambda writer: writer.clear_replica())
-            source.snapshot(self._copy_all)
+            who, anchor = source.snapshot(self._copy_all)
         except Exception:
             # Tried again with the next change the follower reads (the server answers then).
             logger.exception("could not fill the local replica; until it is, reads need the server")
@@ -161,16 +200,19 @@ class Replica:
             return
         with self._lock:
             self.state = "ready"
+            self._who, self._anchor, self._saved, self._dirty = who, anchor, None, True
             self._bring_in_step([])
         self._marker.write_text(json.dumps({"where": self._where, "filled_at": time.time()}), encoding="utf-8")
         logger.info("local replica filled in %.2f s (%s)", time.perf_counter() - started, self.store.path)
 
-    def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
+    def _copy_all(self, conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], int | None]:
+        who, anchor = resume.identity(conn), resume.newest_change(conn)
         for table, rows in source_rows(conn):
             if table == "memory_fts":
                 self.store.write(functools.partial(_put_index_rows, rows=rows))
             else:
                 self.store.write(functools.partial(_put_rows, table=table, rows=rows))
+        return who, anchor
 
     def apply(self, batch: Sequence[Change]) -> None:
         """Bring the rows ``batch`` names in step with the server (the follower's thread)."""
@@ -193,9 +235,32 @@ class Replica:
             self._copy(work)
         except StoreUnavailable:
             self._pending = work
+            return
         except Exception:
             logger.exception("could not bring the local replica in step; it is filled again")
             self._start_fill()
+            return
+        self._anchor = max(self._anchor or 0, *(c.seq for c in work))
+        self._dirty = True
+
+    def note_position(self, cursor: int) -> None:
+        """The follower read the change log up to ``cursor`` and handed every change below it
+        to ``apply``: once those are all copied, record the position (``resume.py``) -- at
+        once after copying rows, else at most every ``POSITION_INTERVAL`` (the cursor moves
+        with every transaction on the server)."""
+        with self._lock:
+            if (not self.ready or self._pending or self._who is None or self._anchor is None
+                    or cursor == self._saved):
+                return
+            if not self._dirty and time.monotonic() - self._saved_at < POSITION_INTERVAL:
+                return
+            position = resume.encode(self._who, cursor, self._anchor)
+            try:
+                self.store.write(lambda writer: writer.set_meta({resume.POSITION: position}))
+            except Exception:
+                logger.exception("could not record the local replica's position; a restart loads everything")
+                return
+            self._saved, self._saved_at, self._dirty = cursor, time.monotonic(), False
 
     def _copy(self, batch: Sequence[Change]) -> None:
         memory_ids = sorted({c.id for c in batch if c.kind in ("memory", "relation")
@@ -234,18 +299,10 @@ def source_rows(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, list[Any]]
     """Every row a replica copies from the server, as ``(table, rows)`` chunks in the order
     their foreign keys need (``memory_fts``: ``(memory_id, content_tokens, key_tokens)``)."""
     for table in REPLICA_COLUMNS:
-        for rows in _stream(conn, _select(table)):
+        for rows in streamed(conn, _select(table)):
             yield table, rows
-    for rows in _stream(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
+    for rows in streamed(conn, f"SELECT {_INDEX_COLUMNS} FROM memory_fts"):
         yield "memory_fts", rows
-
-
-def _stream(conn: psycopg.Connection[Any], sql: str) -> Iterator[list[Any]]:
-    """The rows of ``sql``, ``FILL_CHUNK`` at a time, from a server-side cursor."""
-    with conn.cursor(name="keymem_replica") as cursor:
-        cursor.execute(sql.encode())
-        while rows := cursor.fetchmany(FILL_CHUNK):
-            yield rows
 
 
 def _put_rows(writer: SqliteWriter, *, table: str, rows: list[Any]) -> None:
@@ -312,6 +369,8 @@ class FailoverRepository:
         self.shared = True
         self.lost: str | None = None
         self.follower: ChangeFollower | None = None
+        # The replica was resumed (Replica.resume): the in-memory tables load from it.
+        self.resumed = False
         # time.monotonic() of the failure that showed it (a start without the server: at once).
         self._down_since: float | None = None if primary is not None else time.monotonic()
         self._local = threading.local()
@@ -388,6 +447,14 @@ class FailoverRepository:
         # Whatever the replica holds, however little (``Service.stale`` says which): a memory
         # the in-memory tables name but the copy lacks is one the engine does not find.
         return self.replica.read(fn)
+
+    def load(self, fn: Callable[[Reader], T]) -> T:
+        """The first load of a daemon that resumes (``resumed``) reads the replica; the
+        follower's catch-up then brings the tables to the server's state."""
+        if self.resumed:
+            self.resumed = False
+            return self.replica.read(fn)
+        return self.read(fn)
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         direct = getattr(self._local, "direct", None)

@@ -374,6 +374,10 @@ class Store:
                 self._readers.append(conn)
         return conn
 
+    def load(self, fn: Callable[[SqliteReader], T]) -> T:
+        """The in-memory tables' load: a ``read`` (the file is the store)."""
+        return self.read(fn)
+
     def read(self, fn: Callable[[SqliteReader], T]) -> T:
         """Run ``fn`` on this thread's read connection inside one snapshot."""
         conn = self._reader()

@@ -7,6 +7,7 @@ the ordinary ``SqliteReader``.
 The tables and columns are the keymem schema's (both stores have the same); memories and keys
 are copied with their vectors, so that a daemon that starts while the server is away loads
 its in-memory tables from the copy.
+A daemon restarted on a replica that is still current resumes from it (store/postgres/resume.py).
 """
 from __future__ import annotations
 
