@@ -25,6 +25,7 @@ still find it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from keymem_daemon.config import Settings
-from keymem_daemon.engine import limits
+from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.ports import Scope
 from keymem_daemon.engine.reads import inject as push
@@ -51,7 +52,7 @@ from keymem_daemon.engine.records import (
 from keymem_daemon.engine.text import normalize, normalize_namespace
 from keymem_daemon.engine.validate import namespace_arg
 from keymem_daemon.engine.writes.remember import Host
-from keymem_daemon.errors import StoreError
+from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.mcp import tools
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,62 @@ class Federation:
         if isinstance(key_id, str) and self.local.keys.get(key_id) is None and self.team.keys.get(key_id) is not None:
             return self.team
         return self.local
+
+    # -- import -----------------------------------------------------------------------------
+
+    def import_parts(self, data: Mapping[str, Any]) -> list[tuple[MemoryGraph, dict[str, Any]]]:
+        """An import cut by store, the team part first (the one that may find its server gone
+        before anything is written): each memory goes to the store owning its namespace, with
+        its links, the keys they name (a key linked from both stores goes to both) and the
+        relations within that store. A federated export's ``team`` part is cut the same way,
+        so it lands where it came from. The file is checked whole first, as it was sent, so a
+        refusal names the record's place in it (``team.memories[3].content``)."""
+        documents = [(transfer.as_export(data), self.local, "")]
+        team_part = data.get("team")
+        if team_part is not None:
+            if not isinstance(team_part, Mapping):
+                raise InvalidInput("team must be an object (the team store's export)", field="team")
+            documents.append((_in_part("team", lambda: transfer.as_export(team_part)), self.team, "team"))
+        for shape, _home, where in documents:
+            _in_part(where, functools.partial(transfer.check, self.local, shape))
+        parts: dict[int, tuple[MemoryGraph, dict[str, Any]]] = {}
+        for shape, home, _where in documents:
+            for graph, part in self._cut(shape, home):
+                if id(graph) not in parts:
+                    parts[id(graph)] = (graph, part)
+                    continue
+                into = parts[id(graph)][1]
+                for name in _RECORDS:
+                    into[name] = into[name] + part[name]
+                if into["embedder"] != part["embedder"]:
+                    into["embedder"] = None  # two embedders' vectors: embed every record again
+        full = [(graph, part) for graph, part in parts.values() if any(part[name] for name in _RECORDS)]
+        return sorted(full, key=lambda item: item[0] is self.local) or [(self.local, {**documents[0][0]})]
+
+    def _cut(self, shape: Mapping[str, Any], home: MemoryGraph) -> list[tuple[MemoryGraph, dict[str, Any]]]:
+        """One checked document's records by store; a key no memory links stays at ``home``."""
+        owner = {m["id"]: self.for_write(m.get("namespace")) for m in shape["memories"]}
+        parts: dict[int, dict[str, Any]] = {
+            id(g): {"format": transfer.FORMAT, "version": transfer.VERSION, "embedder": shape.get("embedder"),
+                    **{name: [] for name in _RECORDS}} for g in self.graphs}
+        key_stores: dict[str, set[int]] = {}
+        for memory in shape["memories"]:
+            parts[id(owner[memory["id"]])]["memories"].append(memory)
+        for link in shape["links"]:
+            graph = owner[link["memory_id"]]
+            parts[id(graph)]["links"].append(link)
+            key_stores.setdefault(link["key_id"], set()).add(id(graph))
+        for key in shape["keys"]:
+            for store in key_stores.get(key["id"]) or {id(home)}:
+                parts[store]["keys"].append(key)
+        for relation in shape.get("relations") or []:
+            source, target = owner.get(relation["from"]), owner.get(relation["to"])
+            if source is not None and source is target:
+                parts[id(source)]["relations"].append(relation)
+        for candidate in shape.get("alias_candidates") or []:
+            for store in key_stores.get(candidate["key_id"]) or {id(home)}:
+                parts[store]["alias_candidates"].append(candidate)
+        return [(g, parts[id(g)]) for g in self.graphs]
 
     # -- tools ------------------------------------------------------------------------------
 
@@ -281,6 +338,22 @@ class Federation:
 
     def cleanup_expired(self) -> CleanupResult:
         return _sum_cleanups(self.each(lambda g: g.cleanup_expired()))
+
+
+_RECORDS: Final = ("keys", "memories", "links", "relations", "alias_candidates")
+"""An export's lists of records, each cut by store."""
+
+
+def _in_part(where: str, check: Callable[[], T]) -> T:
+    """``check``, its refusal naming the part of the file it is about (``team.memories[3]``)."""
+    if not where:
+        return check()
+    try:
+        return check()
+    except InvalidInput as exc:
+        named = exc.field is not None and exc.message.startswith(exc.field)  # "memories[3].content must ..."
+        raise InvalidInput(f"{where}.{exc.message}" if named else f"in `{where}`: {exc.message}",
+                           field=f"{where}.{exc.field}" if exc.field else where) from exc
 
 
 def _merge_recall(results: list[RecallResult], args: tools.Args) -> RecallResult:

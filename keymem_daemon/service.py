@@ -597,8 +597,12 @@ class Service:
     def import_(self, data: Any, *, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
-        result = transfer.import_data(self.ready_graph(), data, progress=progress)
-        self.ready_graph().store.analyze()  # a bulk load changes what the planner should pick
+        graph = self.ready_graph()
+        parts = self.federation.import_parts(data) if self.federation is not None else [(graph, data)]
+        results = transfer.import_parts(parts, progress=progress)
+        for part, _ in parts:
+            part.store.analyze()  # a bulk load changes what the planner should pick
+        result = results[0] if len(results) == 1 else transfer.sum_results(results)
         if self.activity is not None:
             self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:IMPORT_SUMMARY_CHARS]}",
                                  {"result": result})

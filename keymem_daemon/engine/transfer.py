@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -321,17 +321,28 @@ class _Prepared:
         return self.tokens if self.vocabulary == graph.analyzer.learned else {}
 
 
-def _prepare(graph: MemoryGraph, data: Mapping[str, Any], report: Progress) -> _Prepared:
-    """Validate an export (or an upstream graph.json), embed what it lacks, cut its text."""
+def as_export(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An export of this version as it is, an upstream graph.json in the export's shape;
+    anything else refused."""
     if data.get("format") == FORMAT:
         if data.get("version") != VERSION:
             raise InvalidInput(f"unsupported export version {data.get('version')!r} (this keymem reads {VERSION})",
                                field="version")
-        shape: Mapping[str, Any] = data
-    elif isinstance(data.get("keys"), Mapping):
-        shape = _from_upstream(data)
-    else:
-        raise InvalidInput("not a keymem export (format 'keymem-export') nor an upstream graph.json", field="format")
+        return data
+    if isinstance(data.get("keys"), Mapping):
+        return {**_from_upstream(data), "format": FORMAT, "version": VERSION}
+    raise InvalidInput("not a keymem export (format 'keymem-export') nor an upstream graph.json", field="format")
+
+
+def check(graph: MemoryGraph, shape: Mapping[str, Any]) -> None:
+    """Validate a whole import in the export's shape without embedding or writing anything
+    (a federated import checks the file as it was sent before cutting it by store)."""
+    _validate(shape, graph.clock(), max_content_chars=graph.settings.max_content_chars)
+
+
+def _prepare(graph: MemoryGraph, data: Mapping[str, Any], report: Progress) -> _Prepared:
+    """Validate an export (or an upstream graph.json), embed what it lacks, cut its text."""
+    shape = as_export(data)
     now = graph.clock()
     plan = _validate(shape, now, max_content_chars=graph.settings.max_content_chars)
     same_space = shape.get("embedder") == graph.embedder.fingerprint
@@ -380,17 +391,35 @@ def _no_progress(phase: str, done: int, total: int) -> None:
 def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progress | None = None
                 ) -> dict[str, Any]:
     """Validate, embed and write an export (or an upstream graph.json) in one transaction."""
+    return import_parts([(graph, data)], progress=progress)[0]
+
+
+def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, progress: Progress | None = None
+                 ) -> list[dict[str, Any]]:
+    """Import each part into its store, one transaction per store, in order: every part is
+    validated, embedded and cut before any is written, so a bad record in one changes none."""
     report = progress or _no_progress
-    ready = _prepare(graph, data, report)
+    ready = [(graph, _prepare(graph, data, report)) for graph, data in parts]
+    results: list[dict[str, Any]] = []
+    try:
+        for graph, prepared in ready:
+            def write(tx: Writer, graph: MemoryGraph = graph, prepared: _Prepared = prepared) -> dict[str, Any]:
+                return _write(graph, tx, prepared.plan, prepared.key_vectors, prepared.body_vectors,
+                              prepared.fresh_tokens(graph))
 
-    def write(tx: Writer) -> dict[str, Any]:
-        return _write(graph, tx, ready.plan, ready.key_vectors, ready.body_vectors, ready.fresh_tokens(graph))
-
-    result = graph.store.write(write)
+            results.append(graph.store.write(write))
+    finally:
+        for graph, _ in ready[:len(results)]:
+            graph.reload_indexes()
     report("writing", 1, 1)
-    graph.reload_indexes()
-    logger.info("import: %s", result)
-    return result
+    logger.info("import: %s", results)
+    return results
+
+
+def sum_results(results: Sequence[Mapping[str, Mapping[str, int]]]) -> dict[str, Any]:
+    """Several imports' ``{"imported": ..., "skipped": ...}`` counts as one."""
+    return {part: {name: sum(r[part][name] for r in results) for name in results[0][part]}
+            for part in ("imported", "skipped")}
 
 
 def copy_into(graph: MemoryGraph, data: Mapping[str, Any], *, batch: int, progress: Progress | None = None

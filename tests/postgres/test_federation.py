@@ -17,7 +17,7 @@ from typing import Any, Final
 import psycopg
 import pytest
 from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
-from pg_cluster import PgCluster, start_on
+from pg_cluster import OWNER, PgCluster, start_on
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 HOOK: Final = ROOT / "hooks" / "keymem_hook.py"
@@ -183,6 +183,10 @@ def test_with_the_server_down_the_personal_half_still_answers_and_team_writes_fa
         "content": "the team tmux config lives in the dotfiles repo", "keys": ["tmux"], "namespace": "team-ops"}})
     assert f"127.0.0.1:{own_pg_cluster.port}" in refused.text, refused.text
     assert all(secret not in refused.text for secret in own_pg_cluster.passwords.values())
+    # An import with a team memory is refused naming the server, its personal half unwritten.
+    failed = _import(alice, SPANNING)
+    assert failed["event"] == "error" and f"127.0.0.1:{own_pg_cluster.port}" in failed["error"]["message"], failed
+    assert not _in_sqlite(alice, "mpersonal001")
     own_pg_cluster.start_server()
 
 
@@ -202,3 +206,114 @@ def test_a_bad_namespace_mapping_is_refused_at_start(tmp_path: Path, variables: 
     text = output.read_text(errors="replace")
     assert "KEYMEM_TEAM_NAMESPACES" in text and said in text, text
     assert not (factory.data_dir / "daemon.json").exists()
+
+
+def _import(daemon: DaemonProcess, data: dict[str, Any]) -> dict[str, Any]:
+    """``POST /v1/import``'s last NDJSON event (``done`` with the counts, or ``error``)."""
+    response = daemon.client(timeout=IMPORT_TIMEOUT).post("/v1/import", json=data)
+    assert response.status_code == 200, response.text
+    last: dict[str, Any] = json.loads(response.text.splitlines()[-1])
+    return last
+
+
+def _store_counts(daemon: DaemonProcess) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``/v1/stats``'s counts of the local store and of the team store."""
+    stats = daemon.client().get("/v1/stats").json()
+    assert [s["store"].split()[0] for s in stats["stores"]] == ["sqlite", "postgresql"], stats
+    local, team = (s["counts"] for s in stats["stores"])
+    return local, team
+
+
+def _records(exported: dict[str, Any]) -> dict[str, Any]:
+    """A federated export without the lines naming where its stores are (a new data dir and
+    database name them differently)."""
+    return {**{k: v for k, v in exported.items() if k != "store"},
+            "team": {k: v for k, v in exported["team"].items() if k != "store"}}
+
+
+IMPORT_TIMEOUT: Final = 300.0
+"""Seconds an import of a few memories may take (embedding them on a loaded machine)."""
+SPANNING: Final[dict[str, Any]] = {
+    "format": "keymem-export", "version": 1,
+    "keys": [{"id": "kzebrafish01", "concept": "zebrafish-gateway"},
+             {"id": "kdevbuild002", "concept": "make zebrafish-dev"},
+             {"id": "kcanary00003", "concept": "zebra-canary-check"}],
+    "memories": [{"id": "mpersonal001", "content": PERSONAL, "namespace": "default"},
+                 {"id": "mproject0001", "content": PROJECT, "namespace": "team-payments"}],
+    "links": [{"key_id": "kzebrafish01", "memory_id": "mpersonal001"},
+              {"key_id": "kdevbuild002", "memory_id": "mpersonal001"},
+              {"key_id": "kzebrafish01", "memory_id": "mproject0001"},
+              {"key_id": "kcanary00003", "memory_id": "mproject0001"}],
+    "relations": [{"from": "mproject0001", "to": "mpersonal001"}],
+}
+"""An export (not a federated one) with a personal and a team memory sharing a key."""
+
+
+def test_an_import_spanning_both_stores_puts_each_memory_in_the_store_of_its_namespace(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    alice = _start(factories, tmp_path, "alice", pg_database)
+    done = _import(alice, SPANNING)
+    assert done["event"] == "done", done
+    assert done["result"]["imported"]["memories"] == 2 and done["result"]["imported"]["links"] == 4, done
+    assert _in_sqlite(alice, "mpersonal001") and not _in_postgres(pg_database, "mpersonal001")
+    assert _in_postgres(pg_database, "mproject0001") and not _in_sqlite(alice, "mproject0001")
+    # The shared key is in both stores, each of the others in its memory's only.
+    assert _key_ids_in_sqlite(alice) == {"kzebrafish01", "kdevbuild002"}
+    assert _key_ids_in_postgres(pg_database) == {"kzebrafish01", "kcanary00003"}
+    local, team = _store_counts(alice)
+    assert (local["memories"], local["keys"], local["links"]) == (1, 2, 2), local
+    assert (team["memories"], team["keys"], team["links"]) == (1, 2, 2), team
+    # The daemon finds each where it is: by id, and by recall over its namespace.
+    read = alice.call("read_memory", {"memory_id": "mproject0001"})["result"]["memory"]
+    assert read["namespace"] == "team-payments" and read["content"] == PROJECT, read
+    assert _hits(alice, "zebrafish-gateway zebra-canary-check", namespace="team-payments") == ["mproject0001"]
+    assert "mpersonal001" in _hits(alice, "zebrafish-gateway make zebrafish-dev", namespace="default")
+
+
+def test_a_federated_export_wiped_and_imported_gives_the_same_export(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str, pg_cluster: PgCluster) -> None:
+    alice = _start(factories, tmp_path, "alice", pg_database)
+    personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
+    alice.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check", "deploy"], namespace="team-payments")
+    alice.remember("every deploy of the ledger needs two approvals in the release channel",
+                   ["ledger deploy", "approvals"], namespace="Deploy-Rules")
+    alice.call("correct", {"memory_id": personal, "content": PERSONAL.replace("vim", "emacs")})
+    exported = alice.export()
+    assert len(exported["memories"]) == 2 and len(exported["team"]["memories"]) == 2, exported
+    # A wiped store: a new data directory and a new, empty database.
+    database = pg_cluster.create_database()
+    try:
+        url = pg_cluster.url_for(OWNER, database)
+        fresh = _start(factories, tmp_path, "fresh", url)
+        done = _import(fresh, exported)
+        assert done["event"] == "done", done
+        assert done["result"]["imported"]["memories"] == 4, done
+        assert _records(fresh.export()) == _records(exported)
+        local, team = _store_counts(fresh)
+        assert (local["memories"], local["superseded"], team["memories"]) == (1, 1, 2), (local, team)
+        fresh.terminate()
+    finally:
+        pg_cluster.drop_database(database)
+
+
+@pytest.mark.parametrize(("where", "said"), [("memories", "memories[1]"), ("team", "team.memories[0]")])
+def test_a_bad_import_changes_neither_store(factories: list[DaemonFactory], tmp_path: Path, pg_database: str,
+                                            where: str, said: str) -> None:
+    alice = _start(factories, tmp_path, "alice", pg_database)
+    alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev"])
+    alice.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check"], namespace="team-payments")
+    before = alice.export()
+    bad: dict[str, Any] = {**SPANNING, "team": {
+        "format": "keymem-export", "version": 1, "keys": [{"id": "kledger00001", "concept": "ledger deploy"}],
+        "memories": [{"id": "mrules000001", "content": "ledger deploys need two approvals",
+                      "namespace": "deploy-rules"}],
+        "links": [{"key_id": "kledger00001", "memory_id": "mrules000001"}]}}
+    if where == "team":
+        bad["team"]["memories"][0]["content"] = 42
+    else:
+        bad["memories"] = [SPANNING["memories"][0], {**SPANNING["memories"][1], "content": 42}]
+    refused = _import(alice, bad)
+    assert refused["event"] == "error" and said in refused["error"]["message"], refused
+    assert alice.export() == before
+    local, team = _store_counts(alice)
+    assert (local["memories"], team["memories"]) == (1, 1), (local, team)
