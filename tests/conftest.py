@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
 from pg_cluster import factories, own_pg_cluster, pg_cluster, pg_database, pg_fresh_databases  # noqa: F401 - fixtures, found by pytest through this import
 
 FAST_TIER = Path(__file__).parent / "unit" / "fast"
@@ -59,6 +59,23 @@ def daemons(tmp_path: Path) -> Iterator[DaemonFactory]:
 def daemon(daemons: DaemonFactory) -> DaemonProcess:
     """A ready daemon on a fresh data directory; stopped and checked at teardown."""
     return daemons.start()
+
+
+@pytest.fixture(scope="module")
+def module_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon (default settings) for the tests of a module that take ``module_store``: a
+    start costs more than most such tests do. Stopped and checked after the module."""
+    with shared_daemon(tmp_path_factory.mktemp("module-daemon")) as running:
+        yield running
+
+
+@pytest.fixture
+def module_store(module_daemon: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The module's daemon with its store emptied, as a fresh daemon's is (a module that
+    shares one names this its ``daemon``)."""
+    module_daemon.forget_all()
+    yield module_daemon
+    module_daemon.close_clients()
 
 
 @pytest.fixture

@@ -342,6 +342,10 @@ class KeyWrites(Protocol):
     def link(self, key_id: str, memory_id: str, weight: float, auto: bool) -> bool:
         """Link a key to a memory; False if they were linked already (left as it was)."""
 
+    def link_all(self, key_ids: Sequence[str], memory_id: str, weight: float, auto: bool) -> list[str]:
+        """Link each of the (distinct) keys to a memory, in one statement; the keys that were
+        not linked before (the others' links are left as they were)."""
+
     def add_links(self, links: Sequence[tuple[str, str, float, bool]]) -> None:
         """``(key_id, memory_id, weight, auto)`` links; those that exist stay as they are."""
 

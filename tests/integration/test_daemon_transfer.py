@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +88,15 @@ def test_export_wipe_import_is_identity(tmp_path: Path, vectors: bool) -> None:
     (tmp_path / "source").mkdir()
     (tmp_path / "target").mkdir()
     try:
-        original = source.start()
+        # Both start at once (a start is most of this test's time): the target's store is a
+        # new, empty data directory -- the wiped store -- whenever it starts.
+        with ThreadPoolExecutor(2) as starting:
+            original, fresh = starting.map(DaemonFactory.start, (source, target))
         _populate(original)
         exported = _export(original, vectors=vectors)
         assert len(exported["memories"]) == 7 and exported["keys"] and exported["links"]
         assert exported["relations"], "the explicit relation was not exported"
 
-        fresh = target.start()  # a wiped store: a new, empty data directory
         assert _export(fresh)["memories"] == []
         result = _import(fresh, exported)
         assert result["imported"]["memories"] == 7

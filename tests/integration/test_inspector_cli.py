@@ -11,30 +11,22 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
+from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with shared_daemon(tmp_path_factory.mktemp("inspector-cli")) as running:
-        yield running
-
-
 @pytest.fixture
-def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
-    """The module's daemon with an empty store, as a fresh one's."""
-    shared.forget_all()
-    yield shared
-    shared.close_clients()
+def daemon(module_store: DaemonProcess) -> DaemonProcess:
+    """The module's daemon, its store emptied."""
+    return module_store
 
 
 @pytest.fixture

@@ -7,29 +7,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess, shared_daemon
+from daemon_helpers import DaemonFactory, DaemonProcess
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with shared_daemon(tmp_path_factory.mktemp("inspector")) as running:
-        yield running
-
-
 @pytest.fixture
-def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
-    """The module's daemon (a start is most of what these tests cost), its store emptied
-    first, as a fresh daemon's is; each test logs in with its own link and cookie."""
-    shared.forget_all()
-    yield shared
-    shared.close_clients()
+def daemon(module_store: DaemonProcess) -> DaemonProcess:
+    """The module's daemon, its store emptied (each test logs in with its own link and cookie)."""
+    return module_store
 
 
 def _login(daemon: DaemonProcess) -> tuple[httpx.Client, str, str]:

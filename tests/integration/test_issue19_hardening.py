@@ -31,7 +31,6 @@ from daemon_helpers import (
     DaemonProcess,
     isolated_env,
     scaled,
-    shared_daemon,
     wait_for,
 )
 from test_hook_push import claude_payload, run_hook
@@ -46,18 +45,10 @@ IMPORT_MEMORIES: Final = 4000
 """An import that takes seconds to embed: long enough to be interrupted."""
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with shared_daemon(tmp_path_factory.mktemp("hardening")) as running:
-        yield running
-
-
 @pytest.fixture
-def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
-    """The module's daemon with an empty store, as a fresh one's."""
-    shared.forget_all()
-    yield shared
-    shared.close_clients()
+def daemon(module_store: DaemonProcess) -> DaemonProcess:
+    """The module's daemon, its store emptied."""
+    return module_store
 
 
 def keymemd(env: dict[str, str], *args: str, timeout: float = CLI_TIMEOUT, umask: int = -1

@@ -26,31 +26,23 @@ import json
 import shutil
 import sqlite3
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with shared_daemon(tmp_path_factory.mktemp("store-safety")) as running:
-        yield running
-
-
 @pytest.fixture
-def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
-    """The module's daemon with an empty store, as a fresh one's."""
-    shared.forget_all()
-    yield shared
-    shared.close_clients()
+def daemon(module_store: DaemonProcess) -> DaemonProcess:
+    """The module's daemon, its store emptied."""
+    return module_store
 
 
 def _import(daemon: DaemonProcess, data: dict[str, Any]) -> dict[str, Any]:

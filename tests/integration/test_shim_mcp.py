@@ -34,7 +34,6 @@ from daemon_helpers import (
     isolated_env,
     live_processes,
     scaled,
-    shared_daemon,
     wait_for,
     warm_shims,
 )
@@ -93,18 +92,10 @@ def daemon_pids(data_dir: Path) -> list[int]:
     return pids
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with shared_daemon(tmp_path_factory.mktemp("shim-daemon")) as running:
-        yield running
-
-
 @pytest.fixture
-def daemon(shared: DaemonProcess) -> Iterator[DaemonProcess]:
-    """The module's daemon (and its warm shim) with an empty store, as a fresh one's."""
-    shared.forget_all()
-    yield shared
-    shared.close_clients()
+def daemon(module_store: DaemonProcess) -> DaemonProcess:
+    """The module's daemon (and its warm shim), its store emptied."""
+    return module_store
 
 
 @pytest.fixture

@@ -828,6 +828,9 @@ class InMemoryWriter(InMemoryReader):
         self._tables.links[key_id, memory_id] = (float(weight), bool(auto))
         return True
 
+    def link_all(self, key_ids: Sequence[str], memory_id: str, weight: float, auto: bool) -> list[str]:
+        return [key_id for key_id in key_ids if self.link(key_id, memory_id, weight, auto)]
+
     def add_links(self, links: Sequence[tuple[str, str, float, bool]]) -> None:
         for kid, mid, weight, auto in links:
             self.link(kid, mid, weight, auto)

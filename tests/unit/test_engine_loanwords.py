@@ -210,9 +210,11 @@ def test_a_store_opened_by_an_analyser_that_knows_more_words_is_cut_again(
     ],
 )
 def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_hold(
-    tmp_path: Path, opened: Opener, damage: str, backend: str
+    tmp_path: Path, opened: Opener, learner: Analyzer, damage: str, backend: str
 ) -> None:
-    with opened(tmp_path / "keymem.db", Analyzer()) as graph:
+    # Whoever wrote the store (the module's learner: the damage below replaces its list and
+    # its cut of the word), the fresh analyser learns from the keys alone.
+    with opened(tmp_path / "keymem.db", learner) as graph:
         mapped = remember(graph, "맵 화면은 Mapbox GL로 그린다.", ["맵", "map", "Mapbox"])
         remember(graph, "느린 쿼리는 slow log에서 찾는다.", ["느린 쿼리", "slow query"])
         # As an older keymem left it: 맵 (read as the adjective 맵다) dropped from the index.
@@ -230,8 +232,9 @@ def test_a_store_without_a_readable_list_is_searched_for_the_loanwords_its_keys_
             "SELECT value FROM meta WHERE name = ?", (VOCABULARY_META,)).fetchone()[0]) == '["맵"]'
 
 
-def test_an_import_learns_the_loanwords_of_its_keys(tmp_path: Path, opened: Opener) -> None:
-    with opened(tmp_path / "a.db", Analyzer()) as source:
+def test_an_import_learns_the_loanwords_of_its_keys(tmp_path: Path, opened: Opener, learner: Analyzer) -> None:
+    # The export carries no list of learned words: what the source's analyser knew is not imported.
+    with opened(tmp_path / "a.db", learner) as source:
         remember(source, "테스트 커버리지는 80% 이상을 유지한다.", ["테스트 커버리지", "coverage"])
         exported = transfer.export(source)
     fresh = Analyzer()

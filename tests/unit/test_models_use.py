@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,8 +28,14 @@ TEXTS = ["배포를 금요일 저녁에 해도 되나요?", "the billing API dep
 
 
 @pytest.fixture(scope="module")
-def in_memory() -> np.ndarray:
-    return UseEmbedder().embed(TEXTS)
+def use() -> UseEmbedder:
+    """The embedder with its table in memory, loaded once (a load takes seconds)."""
+    return UseEmbedder()
+
+
+@pytest.fixture(scope="module")
+def in_memory(use: UseEmbedder) -> np.ndarray:
+    return use.embed(TEXTS)
 
 
 def table_file(directory: Path) -> Path:
@@ -36,8 +43,25 @@ def table_file(directory: Path) -> Path:
     return path
 
 
-def test_a_short_text_of_pieces_the_model_does_not_know_embeds_to_zero() -> None:
-    shell, tab, private, both, team, script = UseEmbedder().embed(["셸", "탭", "\ue000", "깃 훅", "팀", "셸 스크립트"])
+@pytest.fixture(scope="module")
+def written_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A table file as a start writes it, written once for the module."""
+    directory = tmp_path_factory.mktemp("table")
+    UseEmbedder(directory)
+    return table_file(directory)
+
+
+def as_written(directory: Path, table: Path) -> Path:
+    """``directory`` as a start that wrote ``table`` there leaves it: the file, and the record
+    of its check (by the embedder's own recorder), without loading the model again."""
+    path = directory / table.name
+    shutil.copyfile(table, path)
+    embedders._record_check(path)
+    return path
+
+
+def test_a_short_text_of_pieces_the_model_does_not_know_embeds_to_zero(use: UseEmbedder) -> None:
+    shell, tab, private, both, team, script = use.embed(["셸", "탭", "\ue000", "깃 훅", "팀", "셸 스크립트"])
     assert not shell.any() and not tab.any() and not private.any() and not both.any()
     assert np.linalg.norm(team) == pytest.approx(1.0) and np.linalg.norm(script) == pytest.approx(1.0)
 
@@ -61,9 +85,9 @@ def _flip_a_byte(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray, damage: str) -> None:
-    UseEmbedder(tmp_path)
-    path = table_file(tmp_path)
+def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray, written_table: Path,
+                                          damage: str) -> None:
+    path = as_written(tmp_path, written_table)
     if damage == "truncate":
         os.truncate(path, 4096)
     else:
@@ -73,10 +97,9 @@ def test_a_damaged_table_file_is_rewritten(tmp_path: Path, in_memory: np.ndarray
 
 
 def test_a_table_file_unchanged_since_its_check_is_trusted_without_reading_it(
-    tmp_path: Path, in_memory: np.ndarray, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, in_memory: np.ndarray, written_table: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    UseEmbedder(tmp_path)
-    path = table_file(tmp_path)
+    path = as_written(tmp_path, written_table)
     # As if written by a start an hour ago: its stat no longer matches the record, so the
     # next start reads it once and records it, and the one after trusts it.
     long_ago = time.time_ns() - 3600 * 10**9

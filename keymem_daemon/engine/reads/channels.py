@@ -333,7 +333,9 @@ def content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: floa
         near = [mid for mid, _ in lexical(reader, cue.match_tokens, scope_of(ns), now, limit=2 * CHANNEL_DEPTH)]
         found = reader.memories(near[:CHANNEL_DEPTH])
         live = [m for m in found.values() if m.active(now)]
-        cover = coverage_scores(graph, reader, cue, live)
+        # Read once: the coverage's key matches and the keys the relevant memories lift.
+        link_map = reader.links_by_memory([m.id for m in live]) if live else {}
+        cover = coverage_scores(graph, reader, cue, live, link_map)
         per_memory: dict[str, float] = {}
         cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
         for m in live:
@@ -342,8 +344,8 @@ def content_signal(graph: MemoryGraph, cue: QueryPlan, ns: str | None, now: floa
             if value >= CONTENT_GATE:
                 per_memory[m.id] = value * graph.rank_factor_of(m, now)
         out: dict[str, tuple[float, str]] = {}
-        for mid, keys in reader.links_by_memory(per_memory).items():
-            for kid, (_, auto) in keys.items():
+        for mid in sorted(per_memory):  # ties go to the first id, as they always have
+            for kid, (_, auto) in link_map.get(mid, {}).items():
                 if not auto and per_memory[mid] > out.get(kid, (0.0, ""))[0]:
                     out[kid] = (per_memory[mid], mid)
         return out, near

@@ -219,7 +219,7 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     graph.buffer.push(query, weak)
     _count_alias_hits(graph, plan, scores)
 
-    def read(reader: Reader) -> tuple[list[CompactKey], int]:
+    def shown() -> list[CompactKey]:
         out: list[CompactKey] = []
         claimed: set[str] = set()
         counts: dict[str, int] = {}
@@ -245,10 +245,11 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
                 memory_count=n, is_hub=view.is_hub, specificity=view.specificity))
             if len(out) >= top_k:
                 break
-        total = reader.count_active(ns, now) if explain or not out else 0
-        return out, total
+        return out
 
-    keys, ns_total = graph.store.read(read)
+    # The keys' counts are the in-memory index's: the store is asked only for the total.
+    keys = shown()
+    ns_total = graph.store.read(lambda reader: reader.count_active(ns, now)) if explain or not keys else 0
     previews: list[Preview] = []
     if keys:
         preview = _top_memory(graph, keys[0].key_id, cue, ns, max_chars, context, host, near)

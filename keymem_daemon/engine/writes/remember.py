@@ -30,6 +30,7 @@ from keymem_daemon.engine.keys import (
     PHRASE_TOKENS,
     KeyInfo,
     KeyType,
+    MemberState,
     PendingKey,
     conflicting_qualifiers,
     cross_script,
@@ -263,8 +264,12 @@ class Remembering(Browsing):
         result = self.store.write(write)
         saved = result.result.get("saved") if isinstance(result, Replayed) else result.saved
         # Hints are read-only advice computed after the commit, so a replayed write (the shim's
-        # retry after a daemon restart) gets them too, from the graph as it is now.
-        hints = self.write_hints(saved, request.keys) if isinstance(saved, str) else None
+        # retry after a daemon restart) gets them too, from the graph as it is now. A new
+        # memory's keys are the ones just linked; a twin's or a replay's are read.
+        linked = ({ref.key_id for ref in result.keys or []}
+                  if isinstance(result, RememberResult) and not result.deduplicated
+                  else None)
+        hints = self.write_hints(saved, request.keys, linked) if isinstance(saved, str) else None
         if hints is None:
             return result
         if isinstance(result, Replayed):
@@ -354,12 +359,15 @@ class Remembering(Browsing):
             self.reindex_keys_of(writer, [twin])
             return twin, True, refs
         memory_id = new_id()
-        with self.counting(writer, [memory_id]):
-            writer.insert_memory(MemoryRow(
-                id=memory_id, content=request.content, dedup_hash=digest, namespace=request.namespace, at=now,
-                observed_at=request.observed_at, decay_profile=request.decay_profile, source=source,
-                expires_at=expires, vector=vector_bytes(vectors.body)))
-            refs = self.link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
+        writer.insert_memory(MemoryRow(
+            id=memory_id, content=request.content, dedup_hash=digest, namespace=request.namespace, at=now,
+            observed_at=request.observed_at, decay_profile=request.decay_profile, source=source,
+            expires_at=expires, vector=vector_bytes(vectors.body)))
+        refs = self.link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
+        # A new memory counts from nothing to what was just written (``counting`` would read
+        # both states back: on a shared store, a read of the links every other write conflicts with).
+        state = MemberState(request.namespace, tuple(sorted({ref.key_id for ref in refs})), expires)
+        writer.after_commit(functools.partial(self.counts.apply, memory_id, None, state))
         writer.add_relations(memory_id, request.related_to)
         self.index_memory(writer, memory_id, vectors.indexable(self.analyzer))
         body, code = vectors.body, self.namespace_code(request.namespace)
@@ -433,10 +441,7 @@ class Remembering(Browsing):
             batch.by_norm[normalize(key)] = key_id
             if key_id not in linked:
                 linked.append(key_id)
-        new_links = []
-        for key_id in linked:
-            if writer.link(key_id, memory_id, weight, auto):
-                new_links.append(key_id)
+        new_links = writer.link_all(linked, memory_id, weight, auto)
         infos = {kid: writer.key_info(kid) for kid in touched}
         vectors_of = {p.id: p.vector for p in pending}
 
@@ -513,9 +518,11 @@ class Remembering(Browsing):
         if pairs:
             self.store.write(lambda writer: writer.count_alias_hits(pairs))
 
-    def write_hints(self, memory_id: str, provided: Sequence[str]) -> Hints | None:
-        """Near-duplicate keys, missing-language and phrase-key advice (read-only)."""
-        linked = set(self.store.read(lambda reader: reader.key_ids_of(memory_id)))
+    def write_hints(self, memory_id: str, provided: Sequence[str], linked: set[str] | None = None) -> Hints | None:
+        """Near-duplicate keys, missing-language and phrase-key advice (read-only); ``linked``:
+        the memory's keys, when the caller knows them."""
+        if linked is None:
+            linked = set(self.store.read(lambda reader: reader.key_ids_of(memory_id)))
         provided_norms = {normalize(k) for k in provided}
         mine: list[tuple[KeyInfo, npt.NDArray[np.float32]]] = []
         for key_id in linked:

@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Alias, MemoryFilter
 from keymem_daemon.engine.records import Memory
 from keymem_daemon.store.postgres.memories import ACTIVE, memory_of_row
+from keymem_daemon.store.postgres.pipeline import affected
 from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS
 
 
@@ -94,6 +95,7 @@ class PgInspectWriteRows:
     """The activity log's writes."""
 
     _conn: psycopg.Connection[Any]
+    _pipeline: psycopg.Pipeline | None  # None outside pipeline mode (a load)
 
     def add_activity(self, rows: Sequence[ActivityRow], *, keep: int) -> None:
         self._conn.cursor().executemany(
@@ -105,4 +107,5 @@ class PgInspectWriteRows:
                            "ORDER BY id DESC OFFSET %s)", (keep,))
 
     def prune_activity(self, *, before: float) -> int:
-        return self._conn.execute("DELETE FROM activity WHERE actor = current_user AND at < %s", (before,)).rowcount
+        return affected(self._conn, self._pipeline, "DELETE FROM activity WHERE actor = current_user AND at < %s",
+                        (before,))

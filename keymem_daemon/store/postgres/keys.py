@@ -10,6 +10,7 @@ import psycopg
 from keymem_daemon.engine.keys import KeyInfo
 from keymem_daemon.engine.ports import KeyRow
 from keymem_daemon.store.postgres.memories import streamed
+from keymem_daemon.store.postgres.pipeline import affected
 
 # The separator of the key texts ``loanword_evidence`` concatenates (as on SQLite).
 _UNIT: Final = "\x1f"
@@ -21,6 +22,7 @@ class PgKeyRows:
     """The key, alias and link operations of a PostgreSQL reader/writer."""
 
     _conn: psycopg.Connection[Any]
+    _pipeline: psycopg.Pipeline | None  # None outside pipeline mode (a load)
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return list(self._conn.execute(sql.encode(), params))
@@ -208,10 +210,10 @@ class PgKeyRows:
 
     def add_alias(self, key_id: str, alias: str, *, norm: str, compact: str, learned: bool,
                   added_at: float) -> bool:
-        cur = self._conn.execute(
-            "INSERT INTO aliases(key_id, alias, norm, compact, learned, added_at) VALUES (%s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING", (key_id, alias, norm, compact, int(learned), added_at))
-        return cur.rowcount > 0
+        return affected(
+            self._conn, self._pipeline, "INSERT INTO aliases(key_id, alias, norm, compact, learned, added_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", (key_id, alias, norm, compact, int(learned),
+                                                                      added_at)) > 0
 
     def delete_aliases(self, pairs: Sequence[tuple[str, str]]) -> None:
         self._conn.cursor().executemany("DELETE FROM aliases WHERE key_id = %s AND norm = %s", pairs)
@@ -243,13 +245,18 @@ class PgKeyRows:
         return str(rows[0][1])
 
     def prune_alias_candidates(self, cutoff: float) -> int:
-        return self._conn.execute("DELETE FROM alias_candidates WHERE last_seen <= %s", (cutoff,)).rowcount
+        return affected(self._conn, self._pipeline, "DELETE FROM alias_candidates WHERE last_seen <= %s", (cutoff,))
 
     def link(self, key_id: str, memory_id: str, weight: float, auto: bool) -> bool:
-        cur = self._conn.execute(
-            "INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (key_id, memory_id, weight, int(auto)))
-        return cur.rowcount > 0
+        return affected(
+            self._conn, self._pipeline, "INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING", (key_id, memory_id, weight, int(auto))) > 0
+
+    def link_all(self, key_ids: Sequence[str], memory_id: str, weight: float, auto: bool) -> list[str]:
+        # One statement for a remember's keys, not one round trip each.
+        return [r[0] for r in self._rows(
+            "INSERT INTO links(key_id, memory_id, weight, auto) SELECT k, %s, %s, %s FROM unnest(%s::text[]) k "
+            "ON CONFLICT DO NOTHING RETURNING key_id", (memory_id, weight, int(auto), list(dict.fromkeys(key_ids))))]
 
     def add_links(self, links: Sequence[tuple[str, str, float, bool]]) -> None:
         self._conn.cursor().executemany(

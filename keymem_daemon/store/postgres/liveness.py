@@ -26,7 +26,9 @@ SILENCE_TIMEOUT: Final = 5.0
 a keymem statement answers in milliseconds, a busy server on a loaded machine in well under a
 second, and a lock another daemon's transaction holds lasts one short transaction; as
 ``tcp_user_timeout`` (5 s) for a network that dropped. Within the shim's and the hook's own
-timeouts, so a write behind a hung network fails with ``store_unavailable`` instead."""
+timeouts, so a write behind a hung network fails with ``store_unavailable`` instead. It must
+stay above every wait that is silent on purpose: the change follower's wait for a NOTIFY
+(``changes.WAKE_INTERVAL``, 1 s)."""
 POLL_INTERVAL: Final = 0.1
 """Seconds between two looks at the silence (psycopg's own wait interval)."""
 

@@ -75,6 +75,9 @@ CONNECT_TIMEOUT: Final = 5
 RECONNECT_TIMEOUT: Final = 24 * 3600.0
 """How long the pool keeps trying to reconnect in the background after the server went away
 (with backoff) before it gives up on it: a server down for a weekend is still found again."""
+# How the units begin (the pool's connections are in autocommit mode: ``_unit`` says why).
+_BEGIN_READ: Final = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_BEGIN_WRITE: Final = b"BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE"
 # SQLSTATEs after which running the unit again can succeed.
 _RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 
@@ -93,11 +96,27 @@ def _check_if_closed(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
+def _drain(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> None:
+    """After a unit failed: read what its statements queued after the failing one answered
+    (each "pipeline aborted", raised by ``sync``, which then stops reading) up to a Sync, so
+    the error raised is the first one. Each pass reads at least one answer: it ends. A
+    connection that fails now is the pool's to replace."""
+    while not conn.broken:
+        try:
+            pipeline.sync()
+            return
+        except psycopg.Error:
+            continue
+
+
 @dataclass(slots=True)
 class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectRows):
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
+    # The unit's: ``sync()`` when a statement's row count is needed. None in a ``load``, which
+    # runs outside pipeline mode.
+    _pipeline: psycopg.Pipeline | None
     _lexicon: LexicalStatistics
     _generation: int  # the lexicon's, before the snapshot was taken
 
@@ -135,7 +154,8 @@ class PostgresRepository:
         where = describe_store_url(url)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT, **changes.LIVENESS}, name="keymem",
+            # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS}, name="keymem",
             # A request the server stops answering ends (liveness.py): the shim never hangs on it.
             connection_class=WatchedConnection,
             # After the server restarts, the first unit gets a new connection instead of
@@ -168,11 +188,16 @@ class PostgresRepository:
 
     def read(self, fn: Callable[[Reader], T]) -> T:
         """Run ``fn`` inside one read-only snapshot."""
-        return self.snapshot(lambda conn: fn(PgReader(conn, self._lexicon, self._lexicon.generation)))
+        try:
+            with self._pool.connection() as conn:
+                return self._unit(conn, _BEGIN_READ, lambda pipeline: fn(
+                    PgReader(conn, pipeline, self._lexicon, self._lexicon.generation)))
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def snapshot(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run ``fn`` on a pooled connection inside one read-only snapshot (``read``'s, and
-        the local replica's copy of the rows: store/postgres/offline.py)."""
+        """Run ``fn`` on a pooled connection inside one read-only snapshot (the local
+        replica's copy of the rows: store/postgres/offline.py)."""
         try:
             with self._pool.connection() as conn:
                 conn.isolation_level = IsolationLevel.REPEATABLE_READ
@@ -183,7 +208,33 @@ class PostgresRepository:
             raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def load(self, fn: Callable[[Reader], T]) -> T:
-        return self.read(fn)
+        """``read`` for a daemon's load of its in-memory tables: one snapshot outside pipeline
+        mode, since the load streams its rows through server-side cursors
+        (``memories.streamed``), which pipeline mode does not allow."""
+        return self.snapshot(lambda conn: fn(PgReader(conn, None, self._lexicon, self._lexicon.generation)))
+
+    @staticmethod
+    def _unit(conn: psycopg.Connection[Any], begin: bytes, fn: Callable[[psycopg.Pipeline], T]) -> T:
+        """``fn`` between ``begin`` and COMMIT in pipeline mode (store/postgres/pipeline.py):
+        BEGIN goes out with the first statement whose result is read, COMMIT with the Sync
+        that ends the pipeline -- one round trip per result read, and one for COMMIT.
+        (psycopg's ``transaction()`` would sync at its start and at its end, twice each.)
+        Rolled back on any exception; a COMMIT the server refuses raises here."""
+        with conn.pipeline() as pipeline:
+            try:
+                conn.execute(begin)
+                result = fn(pipeline)
+                # Queued: sending it may raise the error of a statement before it.
+                conn.execute(b"COMMIT")
+            except BaseException:
+                _drain(conn, pipeline)
+                if not conn.broken:
+                    # psycopg's rollback, not a ROLLBACK statement: it also forgets the
+                    # statements it prepared in this unit, whose PREPARE the server may have
+                    # skipped after the error.
+                    conn.rollback()
+                raise
+        return result
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         """Run ``fn`` in one serializable transaction, again from scratch when PostgreSQL
@@ -202,18 +253,22 @@ class PostgresRepository:
             committing = False
             try:
                 with self._pool.connection() as conn:
-                    conn.isolation_level = IsolationLevel.SERIALIZABLE
-                    conn.read_only = False
-                    writer = PgWriter(conn, self._lexicon, self._lexicon.generation)
-                    with conn.transaction():
+                    def run(pipeline: psycopg.Pipeline) -> tuple[PgWriter, T]:
                         # A sequential scan makes a serializable transaction conflict with every
                         # write to that table (PostgreSQL's docs: encourage index scans), and on
                         # small tables the planner picks one for nearly every lookup. Priced out,
                         # a sequential scan costs 1e10, past jit_above_cost: no JIT, or a one-row
-                        # DELETE of meta is compiled first (~0.5 s).
-                        conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL jit = off")
+                        # DELETE of meta is compiled first (~0.5 s). (Two statements: pipeline
+                        # mode sends one per message; both ride the unit's first round trip.)
+                        nonlocal committing
+                        conn.execute(b"SET LOCAL enable_seqscan = off")
+                        conn.execute(b"SET LOCAL jit = off")
+                        writer = PgWriter(conn, pipeline, self._lexicon, self._lexicon.generation)
                         result = fn(writer)
-                        committing = True  # what fails now is the COMMIT
+                        committing = True  # what fails now is the COMMIT (and what was queued with it)
+                        return writer, result
+
+                    writer, result = self._unit(conn, _BEGIN_WRITE, run)
             except _RETRYABLE as exc:
                 if time.monotonic() - started >= WRITE_RETRY_BUDGET:
                     raise Conflict(f"the store at {self.where} refused the write {attempt} times in "

@@ -68,14 +68,22 @@ class PgTransferWriteRows:
     """The rows an import adds, each leaving an existing row alone."""
 
     _conn: psycopg.Connection[Any]
+    _pipeline: psycopg.Pipeline | None  # None outside pipeline mode (a load)
 
     @contextlib.contextmanager
     def _row(self) -> Iterator[None]:
+        """A savepoint inside the import's transaction around one row's statements, synced
+        before it ends so that a refusal is raised here: the savepoint, the row and the sync
+        are one round trip (store/postgres/pipeline.py)."""
+        self._conn.execute(b"SAVEPOINT keymem_row")
         try:
-            with self._conn.transaction():  # a savepoint inside the import's transaction
-                yield
+            yield
+            if self._pipeline is not None:
+                self._pipeline.sync()
         except psycopg.DatabaseError as exc:
+            self._conn.execute(b"ROLLBACK TO SAVEPOINT keymem_row")
             raise ValueError(str(exc).strip()) from exc
+        self._conn.execute(b"RELEASE SAVEPOINT keymem_row")
 
     def key_named(self, key_id: str, norm: str) -> str | None:
         row = self._conn.execute("SELECT id FROM keys WHERE id = %s OR norm = %s ORDER BY id = %s DESC LIMIT 1",
@@ -108,13 +116,15 @@ class PgTransferWriteRows:
 
     def import_link(self, key_id: str, memory_id: str, weight: float, *, auto: bool) -> int:
         with self._row():
-            return self._conn.execute("INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) "
-                                      "ON CONFLICT DO NOTHING", (key_id, memory_id, weight, int(auto))).rowcount
+            cur = self._conn.execute("INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) "
+                                     "ON CONFLICT DO NOTHING", (key_id, memory_id, weight, int(auto)))
+        return cur.rowcount
 
     def import_relation(self, from_id: str, to_id: str) -> int:
         with self._row():
-            return self._conn.execute("INSERT INTO relations(from_id, to_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                                      (from_id, to_id)).rowcount
+            cur = self._conn.execute("INSERT INTO relations(from_id, to_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                                     (from_id, to_id))
+        return cur.rowcount
 
     def import_alias_candidate(self, key_id: str, norm: str, query_text: str, count: int, last_seen: float) -> None:
         with self._row():

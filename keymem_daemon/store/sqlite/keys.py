@@ -249,6 +249,9 @@ class KeyRows:
                                  (key_id, memory_id, weight, int(auto)))
         return cur.rowcount > 0
 
+    def link_all(self, key_ids: Sequence[str], memory_id: str, weight: float, auto: bool) -> list[str]:
+        return [key_id for key_id in key_ids if self.link(key_id, memory_id, weight, auto)]
+
     def add_links(self, links: Sequence[tuple[str, str, float, bool]]) -> None:
         self._conn.executemany("INSERT OR IGNORE INTO links(key_id, memory_id, weight, auto) VALUES (?, ?, ?, ?)",
                                [(k, m, w, int(a)) for k, m, w, a in links])
