@@ -454,7 +454,16 @@ class FailoverRepository:
         if self.resumed:
             self.resumed = False
             return self.replica.read(fn)
-        return self.read(fn)
+        direct, primary = getattr(self._local, "direct", None), self.primary
+        # The server's load (outside pipeline mode: it streams), where ``read`` would ask it.
+        if primary is not None and (direct == "server" or (direct != "replica" and self.offline() is None)):
+            try:
+                return primary.load(fn)
+            except StoreUnavailable:
+                if direct == "server":
+                    raise
+                self._went_away()
+        return self.replica.read(fn)
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         direct = getattr(self._local, "direct", None)
