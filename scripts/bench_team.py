@@ -213,6 +213,9 @@ def copy_to_postgres(path: Path, url: str) -> float:
                     sql.Literal(table), sql.Identifier(table)))
             for table in COPIED_TABLES:
                 conn.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER USER").format(sql.Identifier(table)))
+            # One change in the log, as any store that was written to has: a replica records its
+            # position by the newest change it saw (store/postgres/resume.py).
+            conn.execute("INSERT INTO meta(name, value) VALUES ('bench_built', now()::text)")
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
     finally:
@@ -315,6 +318,9 @@ def joining(url: str, tmp: Path, baseline_src: Path | None) -> dict[str, Any]:
         daemon.env["KEYMEM_STORE_URL"] = url
         if src is not None:
             daemon.env["PYTHONPATH"] = str(src)
+        # ``python -m`` puts the working directory first on sys.path: not this checkout's.
+        here = Path.cwd()
+        os.chdir(tmp)
         try:
             out[name] = {**_start(daemon), "rss_mb": round(rss_mb(daemon.process.pid), 1) if daemon.process else 0}
             if name == "this":
@@ -328,6 +334,7 @@ def joining(url: str, tmp: Path, baseline_src: Path | None) -> dict[str, Any]:
                                     if daemon.process else 0}
         finally:
             daemon.stop()
+            os.chdir(here)
     if "baseline" in out:
         out["ratio_load_tables"] = round(out["this"]["load_tables_s"] / out["baseline"]["load_tables_s"], 2)
         out["ratio_ready"] = round(out["this"]["ready_s"] / out["baseline"]["ready_s"], 2)
