@@ -21,10 +21,12 @@ from typing import Any
 import psycopg
 
 
-def affected(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline, sql: str, params: Sequence[Any] = ()
-             ) -> int:
+def affected(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline | None, sql: str,
+             params: Sequence[Any] = ()) -> int:
     """Run one statement in ``conn``'s ``pipeline`` and return how many rows it changed: it
-    goes out with everything queued before it, in one round trip."""
+    goes out with everything queued before it, in one round trip. (No pipeline: a unit
+    outside pipeline mode, whose counts are known at once.)"""
     cur = conn.execute(sql.encode(), params)
-    pipeline.sync()
+    if pipeline is not None:
+        pipeline.sync()
     return cur.rowcount
