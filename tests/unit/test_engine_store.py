@@ -3,6 +3,7 @@ reopened store that lost nothing."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -450,14 +451,24 @@ def key_vectors_from(graph: MemoryGraph, embedder: Embedder) -> int:
     return sum(1 for k, v in zip(keys, fresh, strict=True) if float(graph.keys.vectors.get(k.id) @ v) > 0.99)
 
 
-@pytest.fixture
-def many_keys(store_at: StoreAt, embedder: Embedder, analyzer: Analyzer, settings: Settings,
-              clock: FakeClock) -> StoreAt:
-    """A store of 600 keys: three chunks of a re-embedding."""
-    g = open_graph(store_at, embedder, settings, clock, analyzer)
+@pytest.fixture(scope="module")
+def many_keys_file(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, analyzer: Analyzer) -> Path:
+    """A SQLite store of 600 keys: three chunks of a re-embedding (300 remembers, made once)."""
+    where = tmp_path_factory.mktemp("many-keys")
+    g = open_graph(where / "keymem.db", embedder, Settings(data_dir=where), FakeClock(), analyzer)
     for i in range(300):
         remember(g, f"note {i}: the deploy queue of team {i}", [f"team {i}", f"queue {i}", "deploy"])
     g.close()
+    return where / "keymem.db"
+
+
+@pytest.fixture
+def many_keys(store_at: StoreAt, many_keys_file: Path) -> StoreAt:
+    """The test's own copy of ``many_keys_file`` at its store's place (with its journal
+    files, should a close have left any)."""
+    assert isinstance(store_at, Path), "the re-embedding tests run on SQLite"
+    for part in many_keys_file.parent.glob(f"{many_keys_file.name}*"):
+        shutil.copyfile(part, store_at.with_name(store_at.name + part.name.removeprefix(many_keys_file.name)))
     return store_at
 
 
