@@ -31,11 +31,18 @@ so round trips are a small part of the transfer while the rows in hand stay a fe
 def streamed(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()) -> Iterator[list[tuple[Any, ...]]]:
     """The rows of ``sql``, ``STREAM_ROWS`` at a time, from a server-side cursor in binary
     form: a vector arrives as its bytes, not as hex text the server encodes and psycopg
-    decodes again (which took as long as the rest of a load). Inside a transaction."""
-    with conn.cursor(name="keymem_stream", binary=True) as cursor:
-        cursor.execute(sql.encode(), params)
-        while rows := cursor.fetchmany(STREAM_ROWS):
+    decodes again (which took as long as the rest of a load). Inside a transaction. The
+    cursor is declared and fetched by SQL, not psycopg's named cursor: the read units run in
+    pipeline mode (store/postgres/pipeline.py), where psycopg has no server-side cursors."""
+    conn.execute(b"DECLARE keymem_stream NO SCROLL CURSOR FOR " + sql.encode(), params)
+    fetch = conn.cursor(binary=True)
+    try:
+        while rows := fetch.execute(f"FETCH FORWARD {STREAM_ROWS} FROM keymem_stream".encode()).fetchall():
             yield rows
+    except GeneratorExit:  # a reader that stopped early: the name is free for the next one
+        conn.execute(b"CLOSE keymem_stream")
+        raise
+    conn.execute(b"CLOSE keymem_stream")
 
 
 def memory_of_row(row: Mapping[str, Any]) -> Memory:
