@@ -95,7 +95,7 @@ class PgInspectWriteRows:
     """The activity log's writes."""
 
     _conn: psycopg.Connection[Any]
-    _pipeline: psycopg.Pipeline | None  # None outside pipeline mode (a load)
+    _pipeline: psycopg.Pipeline
 
     def add_activity(self, rows: Sequence[ActivityRow], *, keep: int) -> None:
         self._conn.cursor().executemany(

@@ -22,7 +22,7 @@ class PgKeyRows:
     """The key, alias and link operations of a PostgreSQL reader/writer."""
 
     _conn: psycopg.Connection[Any]
-    _pipeline: psycopg.Pipeline | None  # None outside pipeline mode (a load)
+    _pipeline: psycopg.Pipeline
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return list(self._conn.execute(sql.encode(), params))

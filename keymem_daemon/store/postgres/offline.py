@@ -435,7 +435,18 @@ class FailoverRepository:
     # -- units of work ----------------------------------------------------------------------
 
     def read(self, fn: Callable[[Reader], T]) -> T:
-        return self._read(fn, PostgresRepository.read)
+        direct = getattr(self._local, "direct", None)
+        primary = self.primary
+        if direct == "server" and primary is not None:
+            return primary.read(fn)
+        if direct != "replica" and primary is not None and self.offline() is None:
+            try:
+                return primary.read(fn)
+            except StoreUnavailable:
+                self._went_away()
+        # Whatever the replica holds, however little (``Service.stale`` says which): a memory
+        # the in-memory tables name but the copy lacks is one the engine does not find.
+        return self.replica.read(fn)
 
     def load(self, fn: Callable[[Reader], T]) -> T:
         """The first load of a daemon that resumes (``resumed``) reads the replica; the
@@ -443,24 +454,7 @@ class FailoverRepository:
         if self.resumed:
             self.resumed = False
             return self.replica.read(fn)
-        return self._read(fn, PostgresRepository.load)
-
-    def _read(self, fn: Callable[[Reader], T],
-              unit: Callable[[PostgresRepository, Callable[[Reader], T]], T]) -> T:
-        """``fn`` through the server's ``unit`` (``read``, or ``load`` for the in-memory
-        tables) while it answers, else through the replica."""
-        direct = getattr(self._local, "direct", None)
-        primary = self.primary
-        if direct == "server" and primary is not None:
-            return unit(primary, fn)
-        if direct != "replica" and primary is not None and self.offline() is None:
-            try:
-                return unit(primary, fn)
-            except StoreUnavailable:
-                self._went_away()
-        # Whatever the replica holds, however little (``Service.stale`` says which): a memory
-        # the in-memory tables name but the copy lacks is one the engine does not find.
-        return self.replica.read(fn)
+        return self.read(fn)
 
     def write(self, fn: Callable[[Writer], T]) -> T:
         direct = getattr(self._local, "direct", None)

@@ -21,12 +21,10 @@ from typing import Any
 import psycopg
 
 
-def affected(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline | None, sql: str,
-             params: Sequence[Any] = ()) -> int:
+def affected(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline, sql: str, params: Sequence[Any] = ()
+             ) -> int:
     """Run one statement in ``conn``'s ``pipeline`` and return how many rows it changed: it
-    goes out with everything queued before it, in one round trip. (No pipeline: a unit
-    outside pipeline mode, whose counts are known at once.)"""
+    goes out with everything queued before it, in one round trip."""
     cur = conn.execute(sql.encode(), params)
-    if pipeline is not None:
-        pipeline.sync()
+    pipeline.sync()
     return cur.rowcount

@@ -114,9 +114,7 @@ class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectR
     """One snapshot of the database, on a pooled connection."""
 
     _conn: psycopg.Connection[Any]
-    # The unit's: ``sync()`` when a statement's row count is needed. None in a ``load``, which
-    # runs outside pipeline mode.
-    _pipeline: psycopg.Pipeline | None
+    _pipeline: psycopg.Pipeline  # the unit's: ``sync()`` when a statement's row count is needed
     _lexicon: LexicalStatistics
     _generation: int  # the lexicon's, before the snapshot was taken
 
@@ -208,10 +206,7 @@ class PostgresRepository:
             raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
     def load(self, fn: Callable[[Reader], T]) -> T:
-        """``read`` for a daemon's load of its in-memory tables: one snapshot outside pipeline
-        mode, since the load streams its rows through server-side cursors
-        (``memories.streamed``), which pipeline mode does not allow."""
-        return self.snapshot(lambda conn: fn(PgReader(conn, None, self._lexicon, self._lexicon.generation)))
+        return self.read(fn)
 
     @staticmethod
     def _unit(conn: psycopg.Connection[Any], begin: bytes, fn: Callable[[psycopg.Pipeline], T]) -> T:

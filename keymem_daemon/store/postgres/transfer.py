@@ -68,7 +68,7 @@ class PgTransferWriteRows:
     """The rows an import adds, each leaving an existing row alone."""
 
     _conn: psycopg.Connection[Any]
-    _pipeline: psycopg.Pipeline | None  # None outside pipeline mode (a load)
+    _pipeline: psycopg.Pipeline
 
     @contextlib.contextmanager
     def _row(self) -> Iterator[None]:
@@ -78,8 +78,7 @@ class PgTransferWriteRows:
         self._conn.execute(b"SAVEPOINT keymem_row")
         try:
             yield
-            if self._pipeline is not None:
-                self._pipeline.sync()
+            self._pipeline.sync()
         except psycopg.DatabaseError as exc:
             self._conn.execute(b"ROLLBACK TO SAVEPOINT keymem_row")
             raise ValueError(str(exc).strip()) from exc
