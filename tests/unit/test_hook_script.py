@@ -521,3 +521,18 @@ def test_each_command_finds_the_hook_when_run_as_the_host_runs_it(
     assert len(lines) == 2, "each command ran the hook"
     modes = [json.loads(line.split(" keymem-hook ", 1)[1])["mode"] for line in lines]
     assert sorted(modes) == ["session-start", "user-prompt-submit"]
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 43, 64, 65, 200])
+def test_the_hooks_own_hmac_is_the_standard_librarys(key_length: int) -> None:
+    # The hook computes HMAC-SHA256 without hashlib (to skip loading libcrypto); a key longer
+    # than SHA-256's block is hashed first, one exactly as long is not (RFC 2104).
+    import hashlib
+    import hmac
+
+    key = bytes(range(key_length))
+    message = b"1\nnonce\n4242\n1764601234.500000"
+    digest = hook.hmac_sha256(key, message)
+    assert digest == hmac.new(key, message, hashlib.sha256).hexdigest()
+    other = digest[:-1] + ("1" if digest.endswith("0") else "0")
+    assert hook.same_digest(digest, digest) and not hook.same_digest(digest, other)
