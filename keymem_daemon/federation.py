@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
@@ -128,6 +129,30 @@ class CrossStore:
                        "different stores), and a store's relations and versions name its own memories only"}
 
 
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """An import cut by store (``Federation.import_parts``), for ``transfer.import_parts``."""
+
+    parts: list[tuple[MemoryGraph, dict[str, Any]]]
+    places: list[Mapping[str, list[str]]]
+    """Per part, per list of records, each record's place in the file as sent."""
+    across: CrossStore
+
+    def placed(self, part: int, exc: InvalidInput) -> InvalidInput:
+        """A refusal naming a part's record (``memories[0] cannot be stored: ...``) as one
+        naming its place in the file (``team.memories[3] cannot be stored: ...``)."""
+        found = re.match(r"(\w+)\[(\d+)\]", exc.field or "")
+        if found is None:
+            return exc
+        name, index = found.group(1), int(found.group(2))
+        places = self.places[part].get(name) or []
+        if index >= len(places):
+            return exc
+        where = f"{places[index]}{exc.field[found.end():] if exc.field else ''}"
+        message = exc.message.replace(found.group(0), places[index], 1)
+        return InvalidInput(message, field=where)
+
+
 class Federation:
     """The local and the team engine behind one daemon, and the routing between them."""
 
@@ -188,7 +213,7 @@ class Federation:
 
     # -- import -----------------------------------------------------------------------------
 
-    def import_parts(self, data: Mapping[str, Any]) -> tuple[list[tuple[MemoryGraph, dict[str, Any]]], CrossStore]:
+    def import_parts(self, data: Mapping[str, Any]) -> Cut:
         """An import cut by store, the local part first (``transfer.import_parts`` holds its
         SQLite transaction open while the team part is written and committed, so a team part
         the server refuses leaves the local store unchanged too): each memory goes to the store
@@ -208,9 +233,10 @@ class Federation:
         for shape, _home, where in documents:
             _in_part(where, functools.partial(transfer.check, self.local, shape))
         parts: dict[int, tuple[MemoryGraph, dict[str, Any]]] = {}
+        places: dict[int, dict[str, list[str]]] = {id(g): {name: [] for name in _RECORDS} for g in self.graphs}
         across = CrossStore()
-        for shape, home, _where in documents:
-            for graph, part in self._cut(shape, home, across):
+        for shape, home, where in documents:
+            for graph, part in self._cut(shape, home, across, where, places):
                 if id(graph) not in parts:
                     parts[id(graph)] = (graph, part)
                     continue
@@ -219,43 +245,51 @@ class Federation:
                     into[name] = into[name] + part[name]
                 if into["embedder"] != part["embedder"]:
                     into["embedder"] = None  # two embedders' vectors: embed every record again
-        full = [(graph, part) for graph, part in parts.values() if any(part[name] for name in _RECORDS)]
-        return sorted(full, key=lambda item: item[0] is self.team) or [(self.local, {**documents[0][0]})], across
+        full = sorted(((graph, part) for graph, part in parts.values() if any(part[name] for name in _RECORDS)),
+                      key=lambda item: item[0] is self.team)
+        if not full:
+            return Cut([(self.local, {**documents[0][0]})], [{}], across)
+        return Cut(full, [places[id(graph)] for graph, _ in full], across)
 
-    def _cut(self, shape: Mapping[str, Any], home: MemoryGraph, across: CrossStore
-             ) -> list[tuple[MemoryGraph, dict[str, Any]]]:
+    def _cut(self, shape: Mapping[str, Any], home: MemoryGraph, across: CrossStore, where: str,
+             places: Mapping[int, Mapping[str, list[str]]]) -> list[tuple[MemoryGraph, dict[str, Any]]]:
         """One checked document's records by store; a key no memory links stays at ``home``;
-        what joins the two stores counted in ``across``."""
+        what joins the two stores counted in ``across``; each record's place in the file (in
+        the document ``where``) appended to its store's ``places``."""
         owner = {m["id"]: self.for_write(m.get("namespace")) for m in shape["memories"]}
         parts: dict[int, dict[str, Any]] = {
             id(g): {"format": transfer.FORMAT, "version": transfer.VERSION, "embedder": shape.get("embedder"),
                     **{name: [] for name in _RECORDS}} for g in self.graphs}
+
+        def add(store: int, name: str, index: int, record: Mapping[str, Any]) -> None:
+            parts[store][name].append(record)
+            places[store][name].append(f"{where}.{name}[{index}]" if where else f"{name}[{index}]")
         key_stores: dict[str, set[int]] = {}
         versions: set[frozenset[str]] = set()
-        for memory in shape["memories"]:
+        for i, memory in enumerate(shape["memories"]):
             graph = owner[memory["id"]]
-            parts[id(graph)]["memories"].append(memory)
+            add(id(graph), "memories", i, memory)
             for name in ("supersedes", "superseded_by"):
                 other = owner.get(memory.get(name))
                 if other is not None and other is not graph:
                     versions.add(frozenset((memory["id"], memory[name])))
         across.supersessions += len(versions)
-        for link in shape["links"]:
+        for i, link in enumerate(shape["links"]):
             graph = owner[link["memory_id"]]
-            parts[id(graph)]["links"].append(link)
+            add(id(graph), "links", i, link)
             key_stores.setdefault(link["key_id"], set()).add(id(graph))
-        for key in shape["keys"]:
+        for i, key in enumerate(shape["keys"]):
             for store in key_stores.get(key["id"]) or {id(home)}:
-                parts[store]["keys"].append(key)
-        for relation in shape.get("relations") or []:
+                add(store, "keys", i, key)
+        for i, relation in enumerate(shape.get("relations") or []):
             source, target = owner.get(relation["from"]), owner.get(relation["to"])
             if source is not None and source is target:
-                parts[id(source)]["relations"].append(relation)
+                add(id(source), "relations", i, relation)
             elif source is not None and target is not None:
                 across.relations += 1
-        for candidate in shape.get("alias_candidates") or []:
+        for i, candidate in enumerate(shape.get("alias_candidates") or []):
             for store in key_stores.get(candidate["key_id"]) or {id(home)}:
-                parts[store]["alias_candidates"].append(candidate)
+                add(store, "alias_candidates", i, candidate)
         return [(g, parts[id(g)]) for g in self.graphs]
 
     # -- tools ------------------------------------------------------------------------------

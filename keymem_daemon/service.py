@@ -598,16 +598,13 @@ class Service:
         if not isinstance(data, dict):
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
         graph = self.ready_graph()
-        across = None
-        if self.federation is not None:
-            parts, across = self.federation.import_parts(data)
-        else:
-            parts = [(graph, data)]
-        results = transfer.import_parts(parts, progress=progress)
+        cut = self.federation.import_parts(data) if self.federation is not None else None
+        parts = cut.parts if cut is not None else [(graph, data)]
+        results = transfer.import_parts(parts, progress=progress, placed=cut.placed if cut is not None else None)
         for part, _ in parts:
             part.store.analyze()  # a bulk load changes what the planner should pick
         result = results[0] if len(results) == 1 else transfer.sum_results(results)
-        left_out = across.report() if across is not None else None
+        left_out = cut.across.report() if cut is not None else None
         if left_out is not None:
             result["not_imported"] = left_out
         if self.activity is not None:

@@ -395,8 +395,13 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
     return import_parts([(graph, data)], progress=progress)[0]
 
 
-def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, progress: Progress | None = None
-                 ) -> list[dict[str, Any]]:
+Placed = Callable[[int, InvalidInput], InvalidInput]
+"""A refusal of part ``i``'s record (``memories[3] cannot be stored``) as the place of that
+record in the file as sent, for an import cut into parts."""
+
+
+def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, progress: Progress | None = None,
+                 placed: Placed | None = None) -> list[dict[str, Any]]:
     """Import each part into its store as one import: every part is validated, embedded and
     cut before any is written; then each part's transaction stays open while the parts after
     it are written and committed, so a part its store refuses (a row-level security policy, a
@@ -405,7 +410,10 @@ def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, prog
     records are then deleted again (``_undo``) and the error says so. The first part's store
     must run its transaction once (SQLite's writer does; a retrying store goes last)."""
     report = progress or _no_progress
-    ready = [(graph, _prepare(graph, data, report)) for graph, data in parts]
+    ready = []
+    for index, (graph, data) in enumerate(parts):
+        with _in_file(placed, index):  # a vector that is not this embedder's
+            ready.append((graph, _prepare(graph, data, report)))
     committed: list[tuple[MemoryGraph, _Written]] = []
 
     def write_from(index: int) -> list[dict[str, Any]]:
@@ -413,8 +421,9 @@ def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, prog
         written = _Written()
 
         def write(tx: Writer) -> list[dict[str, Any]]:
-            result = _write(graph, tx, prepared.plan, prepared.key_vectors, prepared.body_vectors,
-                            prepared.fresh_tokens(graph), written)
+            with _in_file(placed, index):
+                result = _write(graph, tx, prepared.plan, prepared.key_vectors, prepared.body_vectors,
+                                prepared.fresh_tokens(graph), written)
             return [result, *(write_from(index + 1) if index + 1 < len(ready) else [])]
 
         results = graph.store.write(write)
@@ -433,6 +442,17 @@ def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, prog
     report("writing", 1, 1)
     logger.info("import: %s", results)
     return results
+
+
+@contextlib.contextmanager
+def _in_file(placed: Placed | None, part: int) -> Iterator[None]:
+    """A refusal of part ``part``'s record named by its place in the file (``placed``)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        if placed is None:
+            raise
+        raise placed(part, exc) from exc
 
 
 @dataclass(slots=True)

@@ -340,7 +340,10 @@ def test_an_import_one_store_refuses_leaves_the_other_unchanged_too(
     read_only = {**SPANNING, "memories": [SPANNING["memories"][0], {**SPANNING["memories"][1],
                                                                       "namespace": "deploy-rules"}]}
     refused = _import(alice, read_only)
-    assert refused["event"] == "error" and "row-level security" in refused["error"]["message"], refused
+    said = refused["error"]["message"]
+    # The error names the record's place in the file as sent (the team part's first memory).
+    assert refused["event"] == "error" and said.startswith("memories[1] cannot be stored: "), refused
+    assert "row-level security" in said, refused
     assert not _in_sqlite(alice, "mpersonal001") and _memory_ids_in_postgres(pg_database) == set()
     # The local file is locked by another process: the personal part cannot be written, and
     # the team part, which the server would take, is not left behind.

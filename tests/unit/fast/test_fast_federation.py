@@ -17,6 +17,7 @@ from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
+from keymem_daemon.errors import InvalidInput
 from keymem_daemon.federation import ROUTES, Federation, NamespaceRouter
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp import tools
@@ -137,3 +138,41 @@ def test_the_push_path_surfaces_from_both_stores_within_top_k(federation: Federa
     local_only = federation.inject(prompt, scope=frozenset({"default"}), top_k=2, max_chars=2000,
                                    project=frozenset(), session=None)
     assert [m.id for m in local_only.memories] == [mine]
+
+
+def test_a_concept_keyed_in_both_stores_reads_as_one_key(federation: Federation) -> None:
+    mine = ok(federation, "remember", {"content": "My orchid needs water on sundays", "keys": ["orchid"]})["saved"]
+    ours = ok(federation, "remember", {"content": "The office orchid is watered by the front desk",
+                                       "keys": ["Orchid"], "namespace": "team-office"})["saved"]
+    local_key, team_key = federation.local.keys.by_norm("orchid"), federation.team.keys.by_norm("orchid")
+    assert local_key is not None and team_key is not None and local_key != team_key
+    for key_id in (local_key, team_key):
+        under = ok(federation, "read_key", {"key_id": key_id, "query": "orchid"})
+        assert {h["memory_id"] for h in under["memories"]} == {mine, ours} and under["total"] == 2, under
+        assert under["key"]["key_id"] == key_id and under["key"]["memory_count"] == 2
+        paged = ok(federation, "read_key", {"key_id": key_id, "limit": 1, "offset": 1})
+        assert len(paged["memories"]) == 1 and paged["next_offset"] is None
+        for memory_id in (mine, ours):
+            assert ok(federation, "read_memory", {"memory_id": memory_id, "via_key_id": key_id})["memory"]["id"] \
+                == memory_id
+    dismissed = ok(federation, "dismiss", {"memory_id": ours, "key_id": local_key})
+    assert dismissed["key_id"] == team_key
+    one = ok(federation, "read_key", {"key_id": team_key, "namespace": "default"})
+    assert one["key"]["key_id"] == local_key and [h["memory_id"] for h in one["memories"]] == [mine]
+
+
+def test_an_import_cut_by_store_counts_what_joins_them_and_names_records_as_sent(federation: Federation) -> None:
+    memories = [{"id": f"m{i:011d}", "content": f"fact {i}", "namespace": ns}
+                for i, ns in enumerate(["default", "team-a", "default", "team-a"])]
+    memories[2]["superseded_by"], memories[3]["supersedes"] = memories[3]["id"], memories[2]["id"]
+    cut = federation.import_parts({
+        "format": "keymem-export", "version": 1, "keys": [], "memories": memories, "links": [],
+        "relations": [{"from": memories[0]["id"], "to": memories[1]["id"]},
+                      {"from": memories[1]["id"], "to": memories[3]["id"]}]})
+    assert [graph is federation.local for graph, _ in cut.parts] == [True, False]  # the local part first
+    assert (cut.across.relations, cut.across.supersessions) == (1, 1)
+    report = cut.across.report()
+    assert report is not None and report["relations"] == 1 and "team store" in report["why"]
+    assert [r["from"] for r in cut.parts[1][1]["relations"]] == [memories[1]["id"]]
+    placed = cut.placed(1, InvalidInput("memories[1] cannot be stored: refused", field="memories[1]"))
+    assert (placed.message, placed.field) == ("memories[3] cannot be stored: refused", "memories[3]")
