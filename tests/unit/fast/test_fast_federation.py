@@ -5,19 +5,20 @@ test_federation.py`` runs), routed and merged through the tool layer as the daem
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from engine_helpers import FakeClock, open_graph
 from fakes import InMemoryRepository
 
 from keymem_daemon.config import Settings
+from keymem_daemon.engine import transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
-from keymem_daemon.errors import InvalidInput
+from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.federation import ROUTES, Federation, NamespaceRouter
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp import tools
@@ -25,6 +26,7 @@ from keymem_daemon.mcp import tools
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 HOST = Host()
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -176,3 +178,49 @@ def test_an_import_cut_by_store_counts_what_joins_them_and_names_records_as_sent
     assert [r["from"] for r in cut.parts[1][1]["relations"]] == [memories[1]["id"]]
     placed = cut.placed(1, InvalidInput("memories[1] cannot be stored: refused", field="memories[1]"))
     assert (placed.message, placed.field) == ("memories[3] cannot be stored: refused", "memories[3]")
+
+
+class CommitFails(InMemoryRepository):
+    """A store whose commits fail after their transaction ran (a disk error at COMMIT), once
+    ``failing`` is set."""
+
+    failing = False
+
+    def write(self, fn: Callable[[Any], T]) -> T:
+        if not self.failing:
+            return super().write(fn)
+
+        def then_fail(tx: Any) -> T:
+            fn(tx)
+            raise StoreError("the store refused the write: disk I/O error")
+
+        return super().write(then_fail)
+
+
+def test_a_part_whose_commit_fails_after_the_next_part_committed_has_that_part_deleted_again(
+        federation: Federation, embedder: Embedder, analyzer: Analyzer, clock: FakeClock) -> None:
+    local = federation.local
+    kept = ok(federation, "remember", {"content": "My orchid needs water on sundays", "keys": ["orchid"]})["saved"]
+    before = transfer.export(local)
+    store = CommitFails()
+    failing = MemoryGraph.over(store, embedder, federation.settings,  # type: ignore[arg-type]
+                               clock=clock, analyzer=analyzer)
+    store.failing = True
+    first = {"format": "keymem-export", "version": 1, "keys": [{"id": "kfirst000001", "concept": "fern"}],
+             "memories": [{"id": "mfirst000001", "content": "the fern stays in the shade"}],
+             "links": [{"key_id": "kfirst000001", "memory_id": "mfirst000001"}]}
+    second = {"format": "keymem-export", "version": 1,
+              "keys": [{"id": "korchid00001", "concept": "Orchid"}, {"id": "ktulip000001", "concept": "tulip"}],
+              "memories": [{"id": "msecond00001", "content": "the tulips bloom in april beside the orchid"}],
+              "links": [{"key_id": "korchid00001", "memory_id": "msecond00001"},
+                        {"key_id": "ktulip000001", "memory_id": "msecond00001"}],
+              "relations": []}
+    with pytest.raises(StoreError) as refused:
+        transfer.import_parts([(failing, first), (local, second)])
+    assert "nothing was imported" in refused.value.message and "disk I/O error" in refused.value.message
+    # The SQLite part had committed: its memory and its new key are gone, the key it shared
+    # with a memory already there stays, and the store's export is as it was.
+    assert transfer.export(local) == before
+    assert local.keys.by_norm("tulip") is None and local.keys.by_norm("orchid") is not None
+    assert ok(federation, "recall_memories", {"query": "tulips april orchid", "reinforce": False})[0]["id"] == kept
+    failing.close()
