@@ -334,6 +334,9 @@ class Service:
                      "of its memories",
         }.get(team.replica.state, "reads come from the part of this daemon's local replica filled before it "
                                   "went away (what was not copied yet is not found)")
+        refused = self._connector.refused if self._connector is not None else None
+        if refused is not None:  # the server answered and refused this daemon: no retry cures it
+            return f"possibly stale: {refused}; {reads} and writes fail until it is fixed and keymemd restarted"
         return (f"possibly stale: the store at {describe_store_url(url)} does not answer ({why}); {reads} "
                 "and writes fail until it is back (it reconnects by itself)")
 

@@ -9,6 +9,12 @@ that never comes, forever: the shim's call or the hook's push with it. ``Watched
 its socket: when nothing at all arrives for ``SILENCE_TIMEOUT`` seconds, it closes the socket
 and raises ``psycopg.OperationalError`` (which the store turns into ``StoreUnavailable``). A
 long answer that keeps arriving -- a load streaming 100k rows -- is never cut, whatever it takes.
+
+Not every failure to connect is worth trying again. ``refusal`` tells a server that answered
+and refused this daemon -- a wrong password, a role or database that does not exist, no
+CONNECT privilege, no pg_hba.conf entry -- from one that does not answer (stopped, starting
+up, out of connection slots, the network): retrying the first with backoff would only fill the
+log while nothing changes until someone fixes the URL or the grants.
 """
 from __future__ import annotations
 
@@ -61,3 +67,36 @@ class WatchedConnection(psycopg.Connection[Any]):
 
     def wait(self, gen: PQGen[RV], interval: float = POLL_INTERVAL, timeout: float | None = None) -> RV:
         return super().wait(_watched(gen, self, self.silence), interval, timeout)
+
+
+REFUSED_SQLSTATES: Final = ("28", "3D000", "42501")
+"""SQLSTATEs (a class, or one state) of a refusal that trying again cannot cure: invalid
+authorization (a wrong password, an unknown role, pg_hba.conf), a database that does not
+exist, insufficient privilege. Connection failures (class 08), an administrator's shutdown
+or a server starting up (57P01-57P03) and too many connections (53300) are worth a retry."""
+REFUSED_MESSAGES: Final = (
+    "authentication failed for user",  # 28P01 password, and ident/peer/SCRAM failures (28000)
+    "no pg_hba.conf entry for",  # 28000
+    "pg_hba.conf rejects connection",  # 28000
+    "is not permitted to log in",  # 28000
+    "does not exist",  # 28000 role, 3D000 database
+    "permission denied for database",  # 42501 no CONNECT privilege
+    "no password supplied",  # libpq itself: none in the URL, PGPASSFILE or PGPASSWORD
+)
+"""What libpq says when the server refuses a connection at its start: libpq reports no
+SQLSTATE for it (psycopg's ``sqlstate`` is None), so the server's (English) message is read.
+A message in another language is taken for a server that does not answer: tried again, as
+before."""
+
+
+def refusal(exc: psycopg.Error) -> str | None:
+    """The server's reason when ``exc`` is a refusal that trying again cannot cure (module
+    doc), else None. Never holds the password: neither the server nor libpq repeats it."""
+    text = str(exc).strip()
+    state = exc.sqlstate
+    if state is not None:
+        return text if state.startswith(REFUSED_SQLSTATES) else None
+    if not any(marker in text for marker in REFUSED_MESSAGES):
+        return None
+    # libpq's "connection to server at ... failed: FATAL:  <reason>": the reason is what helps.
+    return " ".join(text.rpartition("FATAL:")[2].split()) or text

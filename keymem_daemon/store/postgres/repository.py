@@ -42,7 +42,7 @@ from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
-from keymem_daemon.store.postgres.liveness import WatchedConnection
+from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal
 from keymem_daemon.store.postgres.memories import PgMemoryRows
 from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
@@ -150,10 +150,11 @@ class PostgresRepository:
         creates it; a member finds it there). Fails with ``StoreError`` naming the server
         (``StoreUnavailable`` when it does not answer)."""
         where = describe_store_url(url)
+        # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
+        kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS}
+        found = cls._prepare(url, where, kwargs)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
-            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS}, name="keymem",
+            url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False, kwargs=kwargs, name="keymem",
             # A request the server stops answering ends (liveness.py): the shim never hangs on it.
             connection_class=WatchedConnection,
             # After the server restarts, the first unit gets a new connection instead of
@@ -163,24 +164,42 @@ class PostgresRepository:
             reconnect_timeout=RECONNECT_TIMEOUT)
         try:
             pool.open(wait=True, timeout=POOL_TIMEOUT)
-            with pool.connection() as conn:
-                found = schema.schema_version(conn)
-                conn.commit()
-                schema.migrate(conn, where=where)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             pool.close()
             raise StoreUnavailable(f"cannot reach the store at {where}: {str(exc).strip()}") from None
-        except psycopg.errors.InsufficientPrivilege as exc:
-            pool.close()
-            raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
-                             f"not change it ({str(exc).strip()}); ask the database owner to run keymem once"
-                             ) from None
         except BaseException:
             pool.close()
             raise
         repository = cls(url, pool)
         repository.found = "missing" if found == 0 else "store"
         return repository
+
+    @staticmethod
+    def _prepare(url: str, where: str, kwargs: dict[str, Any]) -> int:
+        """On one connection of its own (before the pool's, which would retry a refusal in the
+        background for ``POOL_TIMEOUT`` and log each try): the schema version found, after
+        bringing the schema up to date. A server that refuses this daemon -- a wrong password,
+        an unknown role or database, no CONNECT privilege (``liveness.refusal``) -- raises
+        ``StoreError`` at once, which nobody retries; one that does not answer,
+        ``StoreUnavailable``."""
+        try:
+            with WatchedConnection.connect(url, **kwargs) as conn:
+                found = schema.schema_version(conn)
+                conn.commit()
+                schema.migrate(conn, where=where)
+                return found
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
+                             f"not change it ({str(exc).strip()}); ask the database owner to run keymem once"
+                             ) from None
+        except psycopg.Error as exc:
+            reason = refusal(exc)
+            if reason is not None:
+                raise StoreError(f"the store at {where} refuses this daemon: {reason}; fix KEYMEM_STORE_URL (or "
+                                 "the role's password or grants) -- keymemd does not retry this") from None
+            if isinstance(exc, psycopg.OperationalError):
+                raise StoreUnavailable(f"cannot reach the store at {where}: {str(exc).strip()}") from None
+            raise
 
     # -- units of work ----------------------------------------------------------------------
 
