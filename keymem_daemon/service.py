@@ -241,7 +241,7 @@ class Service:
         assert url is not None
         path = self.settings.data_dir / REPLICA_FILE
         try:
-            server = opening.open_postgres(url)
+            server = opening.open_postgres(url, self.settings)
         except StoreUnavailable as exc:
             logger.warning("%s; starting on this daemon's local replica, and trying the server again", exc)
             store = FailoverRepository(None, Replica.kept(path, describe_store_url(url)), where=describe_store_url(url))
@@ -249,7 +249,7 @@ class Service:
                 graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
                                          progress=self._re_embedding)
             self._team = store
-            self._connector = Connector(lambda: opening.open_postgres(url),
+            self._connector = Connector(lambda: opening.open_postgres(url, self.settings),
                                         lambda server: self._caught_up(graph, store, server))
             self._connector.start()
             return graph

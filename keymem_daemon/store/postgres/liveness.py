@@ -10,6 +10,15 @@ its socket: when nothing at all arrives for ``SILENCE_TIMEOUT`` seconds, it clos
 and raises ``psycopg.OperationalError`` (which the store turns into ``StoreUnavailable``). A
 long answer that keeps arriving -- a load streaming 100k rows -- is never cut, whatever it takes.
 
+A hung daemon is the server's problem too: its session keeps the row locks of the write it
+was in the middle of, and every other daemon's write to those rows waits. The server ends a
+session that sits idle inside a transaction (``idle_in_transaction_session_timeout``, set on
+every session: ``KEYMEM_STORE_IDLE_TIMEOUT``) -- but only once it told the client it is ready
+for the next command, which in pipeline mode (store/postgres/pipeline.py) is after a Sync, not
+after psycopg's flush request for a result it reads. ``SyncingCursor`` (the cursors of every
+``WatchedConnection``) therefore reads a result in pipeline mode by syncing the pipeline: the
+same one round trip, and the server is "idle in transaction" whenever it waits for the daemon.
+
 Not every failure to connect is worth trying again. ``refusal`` tells a server that answered
 and refused this daemon -- a wrong password, a role or database that does not exist, no
 CONNECT privilege, no pg_hba.conf entry -- from one that does not answer (stopped, starting
@@ -60,10 +69,25 @@ def _watched(gen: PQGen[RV], conn: psycopg.Connection[Any], silence: float) -> P
         return result
 
 
+class SyncingCursor(psycopg.Cursor[Any]):
+    """A cursor that reads a result in pipeline mode by syncing the pipeline, not with a flush
+    request (module doc). psycopg calls ``_fetch_pipeline`` before every fetch."""
+
+    def _fetch_pipeline(self) -> None:
+        pipeline = self._conn._pipeline
+        if self._execmany_returning is not False and not self.pgresult and pipeline:
+            pipeline.sync()
+
+
 class WatchedConnection(psycopg.Connection[Any]):
-    """A psycopg connection whose requests end when the server stays silent (module doc)."""
+    """A psycopg connection whose requests end when the server stays silent, and whose reads
+    in pipeline mode leave the server ready for the next command (module doc)."""
 
     silence: float = SILENCE_TIMEOUT
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = SyncingCursor
 
     def wait(self, gen: PQGen[RV], interval: float = POLL_INTERVAL, timeout: float | None = None) -> RV:
         return super().wait(_watched(gen, self, self.silence), interval, timeout)
