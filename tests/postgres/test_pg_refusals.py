@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from daemon_helpers import isolated_env, scaled
+from daemon_helpers import DaemonFactory, isolated_env, scaled, wait_for
 from pg_cluster import OWNER, PgCluster
 
 from keymem_daemon.errors import StoreError, StoreUnavailable
@@ -28,6 +28,9 @@ which is how long a refused connection was retried before (and then retried for 
 START_BOUND: Final = 30.0
 """``keymemd start`` until it reports the refusal (the daemon's imports and its embedder load
 come first; a quiet machine takes a few seconds)."""
+
+RECOVERY_TIMEOUT: Final = 120.0
+"""Seconds for a daemon started while the server was down to find it (its tries back off to 10 s)."""
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -88,3 +91,31 @@ def test_an_unknown_role_a_missing_database_and_no_connect_privilege_are_refusal
 def test_a_server_that_does_not_answer_is_still_an_outage(pg_cluster: PgCluster) -> None:
     with pytest.raises(StoreUnavailable, match="cannot reach the store"):
         PostgresRepository.open(pg_cluster.url.replace(f":{pg_cluster.port}/", ":1/")).close()
+
+
+def test_a_daemon_started_while_the_server_was_down_stops_trying_once_the_server_refuses_it(
+        own_pg_cluster: PgCluster, tmp_path: Path) -> None:
+    cluster = own_pg_cluster
+    wrong = "not-the-owners-password-0815"
+    cluster.stop_server()
+    factory = DaemonFactory(tmp_path)
+    try:
+        daemon = factory.start(KEYMEM_STORE_URL=cluster.url_for(OWNER, password=wrong))
+        client = daemon.client()
+        assert "does not answer" in client.get("/v1/stats").json()["stale"]
+        server_log = cluster.log_file.stat().st_size
+        cluster.start_server()
+        stale = wait_for(lambda: "refuses this daemon" in str(client.get("/v1/stats").json().get("stale"))
+                         and client.get("/v1/stats").json()["stale"], RECOVERY_TIMEOUT,
+                         message=lambda: f"the daemon to say the server refuses it\n{daemon.log()}")
+        assert f"127.0.0.1:{cluster.port}/keymem as {OWNER}" in stale and "password authentication failed" in stale
+        assert wrong not in stale and "restarted" in stale, stale
+        health = client.get("/health").json()
+        assert any("refuses this daemon" in w for w in health.get("warnings", [])), health
+        assert "not trying again" in daemon.log() and wrong not in daemon.log()
+        with cluster.log_file.open("rb") as server:
+            server.seek(server_log)
+            tries = server.read().decode(errors="replace").count(f'password authentication failed for user "{OWNER}"')
+        assert tries == 1, tries
+    finally:
+        factory.teardown()
