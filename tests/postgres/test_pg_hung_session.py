@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -39,19 +38,12 @@ OLD = "the billing export runs every night at two from the reporting replica"
 NEW = "the billing export runs every night at three from the reporting replica"
 
 
-@pytest.fixture
-def proxy(pg_cluster: PgCluster) -> Iterator[TcpProxy]:
-    made = TcpProxy(pg_cluster.port)
-    yield made
-    made.close()
-
-
 def test_a_session_hung_mid_write_never_blocks_another_daemons_write_to_the_same_row_for_long(
-        pg_cluster: PgCluster, pg_database: str, proxy: TcpProxy, factories: list[DaemonFactory],
+        pg_cluster: PgCluster, pg_database: str, pg_proxy: TcpProxy, factories: list[DaemonFactory],
         tmp_path: Path) -> None:
     b = start_on(factories, tmp_path, "b", pg_database)
     old = b.remember(OLD, ["billing export"])
-    hung = PostgresRepository.open(proxy.url_through(pg_database, pg_cluster.port), pool_size=1)
+    hung = PostgresRepository.open(pg_proxy.url_through(pg_database, pg_cluster.port), pool_size=1)
     holding, release = threading.Event(), threading.Event()
     outcome: list[BaseException | str] = []
 
@@ -72,7 +64,7 @@ def test_a_session_hung_mid_write_never_blocks_another_daemons_write_to_the_same
     thread.start()
     try:
         assert holding.wait(scaled(HANG_TIMEOUT)), "the hung write's UPDATE reached the server"
-        proxy.freeze()  # its COMMIT never will
+        pg_proxy.freeze()  # its COMMIT never will
         started = time.monotonic()
         response = b.client().post("/v1/tools/correct", json={"arguments": {"memory_id": old, "content": NEW}})
         took = time.monotonic() - started
@@ -82,7 +74,7 @@ def test_a_session_hung_mid_write_never_blocks_another_daemons_write_to_the_same
     finally:
         release.set()
         thread.join()
-        proxy.thaw()
+        pg_proxy.thaw()
         hung.close()
     # The hung write was never acknowledged: its session was ended under it.
     assert isinstance(outcome[0], StoreError), outcome

@@ -27,7 +27,9 @@ log while nothing changes until someone fixes the URL or the grants.
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any, Final, TypeVar
 
 import psycopg
@@ -74,9 +76,12 @@ class SyncingCursor(psycopg.Cursor[Any]):
     request (module doc). psycopg calls ``_fetch_pipeline`` before every fetch."""
 
     def _fetch_pipeline(self) -> None:
-        pipeline = self._conn._pipeline
-        if self._execmany_returning is not False and not self.pgresult and pipeline:
+        connection = self.connection
+        pipeline = connection.in_pipeline if isinstance(connection, WatchedConnection) else None
+        if self._execmany_returning is not False and not self.pgresult and pipeline is not None:
             pipeline.sync()
+        else:
+            super()._fetch_pipeline()
 
 
 class WatchedConnection(psycopg.Connection[Any]):
@@ -88,6 +93,17 @@ class WatchedConnection(psycopg.Connection[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cursor_factory = SyncingCursor
+        self.in_pipeline: psycopg.Pipeline | None = None
+        """The pipeline open on this connection (``pipeline``), if any."""
+
+    @contextlib.contextmanager
+    def pipeline(self) -> Iterator[psycopg.Pipeline]:
+        with super().pipeline() as pipeline:
+            outer, self.in_pipeline = self.in_pipeline, pipeline
+            try:
+                yield pipeline
+            finally:
+                self.in_pipeline = outer
 
     def wait(self, gen: PQGen[RV], interval: float = POLL_INTERVAL, timeout: float | None = None) -> RV:
         return super().wait(_watched(gen, self, self.silence), interval, timeout)
