@@ -13,7 +13,11 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Final
+
+import pytest
+from pg_cluster import PgCluster
 
 CHUNK: Final = 65536
 TICK: Final = 0.05
@@ -87,3 +91,11 @@ class TcpProxy:
             self._selector.unregister(each)
             del self._peers[each]
             each.close()
+
+
+@pytest.fixture
+def pg_proxy(pg_cluster: PgCluster) -> Iterator[TcpProxy]:
+    """A proxy to the session's cluster, for one test (closed after)."""
+    made = TcpProxy(pg_cluster.port)
+    yield made
+    made.close()
