@@ -346,6 +346,14 @@ class InMemoryReader:
                        alias_compacts=tuple(a.compact for a in aliases),
                        link_count=len(self._links_of_key(key_id)))
 
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        wanted = set(norms)
+        out: dict[str, str] = {}
+        for stored in sorted(self._tables.keys.values(), key=lambda k: k.row.id, reverse=True):
+            if stored.row.norm in wanted:
+                out[stored.row.norm] = stored.row.id
+        return out
+
     def key_concept(self, key_id: str) -> str | None:
         stored = self._tables.keys.get(key_id)
         return None if stored is None else stored.row.concept

@@ -46,6 +46,10 @@ class PgKeyRows:
                        aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
                        link_count=int(count))
 
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        return {r[0]: r[1] for r in self._rows("SELECT norm, MIN(id) FROM keys WHERE norm = ANY(%s) GROUP BY norm",
+                                               (list(dict.fromkeys(norms)),))}
+
     def key_concept(self, key_id: str) -> str | None:
         value = self._value("SELECT concept FROM keys WHERE id = %s", (key_id,))
         return None if value is None else str(value)

@@ -37,6 +37,11 @@ class KeyRows:
                        aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
                        link_count=count)
 
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        return {str(r[0]): str(r[1]) for r in rows_in(
+            self._conn, "SELECT norm, MIN(id) FROM keys WHERE norm IN ({marks}) GROUP BY norm",
+            list(dict.fromkeys(norms)))}
+
     def key_concept(self, key_id: str) -> str | None:
         row = self._conn.execute("SELECT concept FROM keys WHERE id = ?", (key_id,)).fetchone()
         return None if row is None else str(row[0])
