@@ -238,8 +238,10 @@ class KeyReads(Protocol):
     def key_concepts(self) -> list[tuple[str, str]]:
         """``(id, concept)`` of every key."""
 
-    def key_vector(self, key_id: str) -> bytes | None:
-        """The stored vector of one key (None: no such key), for a daemon following another's writes."""
+    def key_rows(self, key_ids: Sequence[str]) -> dict[str, tuple[KeyInfo, bytes]]:
+        """Each stored key of ``key_ids`` (a missing one is left out): what ``key_info`` says of
+        it and its stored vector, for a daemon following another's writes and a write that
+        changed keys, in one read."""
 
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         """``(rowid, id, concept)`` of the keys past ``rowid``, in order (re-embedding)."""

@@ -20,6 +20,7 @@ from tcp_proxy import TcpProxy
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads.recall import recall
+from keymem_daemon.engine.text import normalize
 from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
 from keymem_daemon.store.opening import open_postgres
 
@@ -37,11 +38,15 @@ REMEMBER_NEW_KEY_ROUND_TRIPS = 5
 # One recall of a query that finds a key: one read unit (its steps -- the query's token
 # statistics; its lexical candidates, their rows, tokens and links; the key's members, their
 # rows, tokens and links; the Top-1's links -- read one snapshot). Before: four units, each
-# its own transaction and COMMIT (main: 13 round trips), and before them a fifth, empty one
+# its own transaction and COMMIT (main: 14 round trips), and before them a fifth, empty one
 # for the counts the in-memory index holds, and the candidates' links read a second time.
 RECALL_UNITS = 1
 RECALL_STATEMENTS = 10
 RECALL_ROUND_TRIPS = RECALL_STATEMENTS + 1  # and its COMMIT
+# A daemon following that remember from the change log: the memory's vector, whether it is
+# current, its keys, its state, then its four keys' rows in one statement, their member
+# counts, COMMIT. Before: each key's vector and then its row, one round trip each (main: 14).
+FOLLOW_ROUND_TRIPS = 7
 # Leaves out what pg_stat_statements counts only now and then (the module's doc).
 _COUNTED = "query !~ '^(BEGIN|COMMIT|ROLLBACK|SET|SAVEPOINT|RELEASE)'"
 
@@ -171,3 +176,14 @@ def test_one_recall_is_one_unit_of_at_most_ten_statements_and_eleven_round_trips
     assert total <= RECALL_STATEMENTS * rounds, statements
     trips = [_round_trips(proxy, lambda: recall(graph, "when does the deploy freeze end?")) for _ in range(rounds)]
     assert max(trips) <= RECALL_ROUND_TRIPS, trips
+
+
+def test_following_another_daemons_remember_reads_its_keys_in_one_round_trip(
+        graph: MemoryGraph, proxy: TcpProxy) -> None:
+    saved = _remember(graph, "Mina moved the deploy freeze to Thursday for the release train").saved
+    keys = [graph.keys.by_norm(normalize(k)) for k in KEYS]
+    assert all(keys)
+    # What the change log of that remember names: the memory (its links) and nothing else.
+    trips = _round_trips(proxy, lambda: graph.follow_changes([saved], [], removals=False))
+    assert trips == FOLLOW_ROUND_TRIPS
+    assert [graph.keys.get(k).link_count for k in keys if k] == [1, 1, 1, 1]  # type: ignore[union-attr]

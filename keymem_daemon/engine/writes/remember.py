@@ -456,7 +456,8 @@ class Remembering(Browsing):
             if key_id not in linked:
                 linked.append(key_id)
         new_links = writer.link_all(linked, memory_id, weight, auto)
-        infos = {kid: created[kid] if kid in created else writer.key_info(kid) for kid in touched}
+        read_back = writer.key_rows(sorted(touched - created.keys())) if touched - created.keys() else {}
+        infos = {kid: created[kid] if kid in created else read_back[kid][0] for kid in touched}
         vectors_of = {p.id: p.vector for p in pending}
 
         def apply() -> None:
