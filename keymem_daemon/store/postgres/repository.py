@@ -155,6 +155,7 @@ class PostgresRepository:
         self._lexicon = LexicalStatistics()
         # Reentrant: an after-commit step may write again.
         self._retrying = threading.RLock()
+        self._reading = threading.local()  # ``reader``: the read unit this thread is inside
 
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE, lock_timeout: float = STORE_LOCK_TIMEOUT,
@@ -224,11 +225,22 @@ class PostgresRepository:
     # -- units of work ----------------------------------------------------------------------
 
     def read(self, fn: Callable[[Reader], T]) -> T:
-        """Run ``fn`` inside one read-only snapshot."""
+        """Run ``fn`` inside one read-only snapshot: this thread's open one, when it is inside
+        a read already (no second connection, BEGIN and COMMIT)."""
+        outer: PgReader | None = getattr(self._reading, "reader", None)
+        if outer is not None:
+            return fn(outer)
+
+        def unit(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> T:
+            self._reading.reader = reader = PgReader(conn, pipeline, self._lexicon, self._lexicon.generation)
+            try:
+                return fn(reader)
+            finally:
+                self._reading.reader = None
+
         try:
             with self._pool.connection() as conn:
-                return self._unit(conn, _BEGIN_READ, lambda pipeline: fn(
-                    PgReader(conn, pipeline, self._lexicon, self._lexicon.generation)))
+                return self._unit(conn, _BEGIN_READ, lambda pipeline: unit(conn, pipeline))
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
 
