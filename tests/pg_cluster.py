@@ -263,11 +263,15 @@ def make_template(bindir: Path, run_as: pwd.struct_passwd | None, where: Path) -
         shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-def copy_cluster(bindir: Path, template: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
+def copy_cluster(bindir: Path, template: Path, run_as: pwd.struct_passwd | None, *, conf: str = "") -> PgCluster:
     """A cluster of its own, started from a copy of ``template``'s files (``make_template``):
-    the same roles, passwords and empty ``keymem`` database, on a port of its own."""
+    the same roles, passwords and empty ``keymem`` database, on a port of its own, with the
+    lines ``conf`` added to its ``postgresql.conf`` before it starts."""
     root = Path(tempfile.mkdtemp(prefix="keymem-pg-"))  # reachable by the cluster's user, see start_cluster
     shutil.copytree(template / "data", root / "data", symlinks=True)
+    if conf:
+        with (root / "data" / "postgresql.conf").open("a") as settings:
+            settings.write(f"\n{conf}\n")
     (root / "socket").mkdir()
     if run_as is not None:
         for path in (root, root / "socket", root / "data", *(root / "data").rglob("*")):
@@ -319,16 +323,23 @@ def pg_cluster(pg_template: Path) -> Iterator[PgCluster]:
         stop_cluster(cluster)
 
 
-@pytest.fixture
-def own_pg_cluster(pg_template: Path) -> Iterator[PgCluster]:
-    """A cluster of one test's own, for tests that stop and start its server."""
-    cluster = copy_cluster(_require_postgres(), pg_template, unprivileged_user())
+@contextlib.contextmanager
+def own_cluster(template: Path, conf: str = "") -> Iterator[PgCluster]:
+    """A running copy of ``template`` (``copy_cluster``), stopped and removed at the end."""
+    cluster = copy_cluster(_require_postgres(), template, unprivileged_user(), conf=conf)
     try:
         yield cluster
     finally:
         with contextlib.suppress(RuntimeError):  # the test may have left it stopped
             cluster.stop_server()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_pg_cluster(pg_template: Path) -> Iterator[PgCluster]:
+    """A cluster of one test's own, for tests that stop and start its server."""
+    with own_cluster(pg_template) as cluster:
+        yield cluster
 
 
 class DatabaseSupply:
