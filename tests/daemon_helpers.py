@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import filelock
 import httpx
 import pytest
 
@@ -255,6 +256,20 @@ class DaemonProcess:
 
 PIECE_TABLE_GLOB: Final = "use-multilingual-v3-*.table"
 """The default embedder's 65 MB piece table, which a daemon keeps under ``<data>/models``."""
+
+
+@contextlib.contextmanager
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """Where the run keeps ``name``, something a session fixture builds once (a wheelhouse, a
+    cluster to copy), held under a lock: under pytest-xdist every worker is a session of its
+    own, so this is the directory the workers of one run share (the pattern of xdist's
+    "Making session-scoped fixtures execute only once"), else this session's. The first to
+    take the lock builds what is missing; the others wait for it and reuse it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    with filelock.FileLock(base / f"{name}.lock"):
+        yield base / name
 
 
 @functools.cache
