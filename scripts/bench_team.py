@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_daemon import Daemon, call, memory, timed  # noqa: E402
+from bench_daemon import Daemon, call, memory  # noqa: E402
 from measure import percentile, rss_mb  # noqa: E402
 from pg_cluster import find_bindir, start_cluster, stop_cluster, unprivileged_user  # noqa: E402
 
@@ -223,24 +223,37 @@ def copy_to_postgres(path: Path, url: str) -> float:
     return time.perf_counter() - started
 
 
-def _http_figures(daemon: Daemon, rng: random.Random, samples: int) -> dict[str, float]:
-    with daemon.client() as client:
-        counter = [10**7 + rng.randrange(10**9)]
+def _http_figures(daemons: dict[str, Daemon], samples: int) -> dict[str, dict[str, float]]:
+    """Remember and recall p50/p95 through each daemon, the calls taken in turns (one through
+    each daemon, then the next round): on a machine whose load swings by the minute, every
+    daemon's figures are measured under the same load, so their ratios hold."""
+    clients = {name: daemon.client() for name, daemon in daemons.items()}
+    try:
+        rngs = {name: random.Random(7 + i) for i, name in enumerate(daemons)}
+        counters = {name: 10**7 + rngs[name].randrange(10**9) for name in daemons}
 
-        def remember() -> None:
-            counter[0] += 1
-            call(client, "remember", memory(rng, counter[0]))
+        def remember(name: str) -> None:
+            counters[name] += 1
+            call(clients[name], "remember", memory(rngs[name], counters[name]))
 
-        def recall() -> None:
-            call(client, "recall", {"query": rng.choice(QUERIES)})
+        def recall(name: str) -> None:
+            call(clients[name], "recall", {"query": rngs[name].choice(QUERIES)})
 
-        for _ in range(5):  # warm-up: first calls pay one-time costs (connections, caches)
-            remember()
-            recall()
-        remember_ms = timed(remember, samples)
-        recall_ms = timed(recall, samples)
-    return {"remember_p50_ms": percentile(remember_ms, 0.5), "remember_p95_ms": percentile(remember_ms, 0.95),
-            "recall_p50_ms": percentile(recall_ms, 0.5), "recall_p95_ms": percentile(recall_ms, 0.95)}
+        times: dict[str, dict[str, list[float]]] = {name: {"remember": [], "recall": []} for name in daemons}
+        for kind, fn in (("remember", remember), ("recall", recall)):
+            for _ in range(5):  # warm-up: first calls pay one-time costs (connections, caches)
+                for name in daemons:
+                    fn(name)
+            for _ in range(samples):
+                for name in daemons:
+                    started = time.perf_counter()
+                    fn(name)
+                    times[name][kind].append((time.perf_counter() - started) * 1000)
+    finally:
+        for client in clients.values():
+            client.close()
+    return {name: {f"{kind}_{p}_ms": percentile(t[kind], q) for kind in ("remember", "recall")
+                   for p, q in (("p50", 0.5), ("p95", 0.95))} for name, t in times.items()}
 
 
 def _http_propagation(a: Daemon, b: Daemon, rounds: int) -> dict[str, float]:
@@ -363,9 +376,8 @@ def _at_size(url: str, size: int, daemons: int, samples: int, seed_dir: Path | N
                 starts[name] = _start(daemon)
                 started.append(daemon)
             out["starts"] = starts
-            figures = {"sqlite": _http_figures(sqlite, random.Random(7), samples)}
-            for i, daemon in enumerate(team):
-                figures[f"postgresql_{i}"] = _http_figures(daemon, random.Random(8 + i), samples)
+            figures = _http_figures({"sqlite": sqlite, **{f"postgresql_{i}": d for i, d in enumerate(team)}},
+                                    samples)
             out["http"] = figures
             out["ratios"] = {name: {k: round(f[k] / figures["sqlite"][k], 2) for k in f if figures["sqlite"][k]}
                              for name, f in figures.items() if name != "sqlite"}

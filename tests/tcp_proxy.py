@@ -6,6 +6,8 @@ every socket open (and accepting new connections, which get nothing): what a dae
 the network between it and its server drops -- no reset, no FIN, its bytes accepted by the
 kernel and never answered -- which keepalives and TCP timeouts cannot tell from a slow server
 (the proxy's kernel acknowledges and answers them). ``thaw()`` forwards again what waited.
+``round_trips`` counts the times a client sent again after its server answered: each is a wait
+for the server, whatever the protocol sends in between.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Final
+
+import pytest
+from pg_cluster import PgCluster
 
 CHUNK: Final = 65536
 TICK: Final = 0.05
@@ -28,6 +34,8 @@ class TcpProxy:
         self._frozen = threading.Event()
         self._stopped = threading.Event()
         self._peers: dict[socket.socket, socket.socket] = {}
+        self._answered: dict[socket.socket, bool] = {}  # by client socket: the server spoke last
+        self.round_trips = 0
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
@@ -71,6 +79,7 @@ class TcpProxy:
             client.close()
             return
         self._peers[client], self._peers[upstream] = upstream, client
+        self._answered[client] = True
         for sock in (client, upstream):
             self._selector.register(sock, selectors.EVENT_READ)
 
@@ -79,6 +88,10 @@ class TcpProxy:
         try:
             data = sock.recv(CHUNK)
             if data:
+                client = sock if sock in self._answered else other
+                if sock is client and self._answered[client]:
+                    self.round_trips += 1
+                self._answered[client] = sock is not client
                 other.sendall(data)
                 return
         except OSError:
@@ -86,4 +99,13 @@ class TcpProxy:
         for each in (sock, other):
             self._selector.unregister(each)
             del self._peers[each]
+            self._answered.pop(each, None)
             each.close()
+
+
+@pytest.fixture
+def pg_proxy(pg_cluster: PgCluster) -> Iterator[TcpProxy]:
+    """A proxy to the session's cluster, for one test (closed after)."""
+    made = TcpProxy(pg_cluster.port)
+    yield made
+    made.close()

@@ -285,10 +285,9 @@ class GraphIndexes:
                 bodies.append((memory_id, vector_from(blob) if current and blob is not None else None, namespace))
                 key_ids.update(reader.key_ids_of(memory_id))
                 states[memory_id] = reader.member_state(memory_id)
-            keys: list[tuple[str, KeyInfo | None, bytes | None]] = []
-            for key_id in sorted(key_ids):
-                blob = reader.key_vector(key_id)
-                keys.append((key_id, None if blob is None else reader.key_info(key_id), blob))
+            stored = reader.key_rows(sorted(key_ids))
+            keys: list[tuple[str, KeyInfo | None, bytes | None]] = [
+                (key_id, *stored.get(key_id, (None, None))) for key_id in sorted(key_ids)]
             if not everything:
                 self.counts.recount(key_ids, reader.unexpiring_counts(sorted(key_ids)), states)
                 return bodies, keys, None

@@ -5,7 +5,9 @@ imports a store module or holds SQL.
 
 The engine runs work as units: ``repository.read(fn)`` calls ``fn(reader)`` inside one
 snapshot, ``repository.write(fn)`` calls ``fn(writer)`` inside one transaction that commits
-when ``fn`` returns (``writer.after_commit`` callbacks run after the COMMIT, in order). Each
+when ``fn`` returns (``writer.after_commit`` callbacks run after the COMMIT, in order). A read
+run inside a read of the same thread runs in that one's snapshot: work made of several reads
+(a recall) reads one state of the store, in one transaction. Each
 area's operations are one Protocol below; ``Reader`` and ``Writer`` combine them.
 """
 from __future__ import annotations
@@ -220,6 +222,10 @@ class KeyReads(Protocol):
     def key_concept(self, key_id: str) -> str | None:
         """A key's text (None: no such key)."""
 
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        """For each normalised key text a stored key has, that key's id (the lowest id when
+        several have it): a write's new key texts looked up at once."""
+
     def key_count(self) -> int:
         """How many keys there are."""
 
@@ -232,8 +238,10 @@ class KeyReads(Protocol):
     def key_concepts(self) -> list[tuple[str, str]]:
         """``(id, concept)`` of every key."""
 
-    def key_vector(self, key_id: str) -> bytes | None:
-        """The stored vector of one key (None: no such key), for a daemon following another's writes."""
+    def key_rows(self, key_ids: Sequence[str]) -> dict[str, tuple[KeyInfo, bytes]]:
+        """Each stored key of ``key_ids`` (a missing one is left out): what ``key_info`` says of
+        it and its stored vector, for a daemon following another's writes and a write that
+        changed keys, in one read."""
 
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         """``(rowid, id, concept)`` of the keys past ``rowid``, in order (re-embedding)."""
@@ -562,7 +570,9 @@ class Repository(Protocol):
     """Whether other daemons write to this store too (PostgreSQL): then what the in-memory
     tables say is not the last word, and a write asks the store before it creates a key."""
 
-    def read(self, fn: Callable[[Reader], T]) -> T: ...
+    def read(self, fn: Callable[[Reader], T]) -> T:
+        """``fn(reader)`` in one snapshot: this thread's open read's, when it is in one."""
+        ...
 
     def write(self, fn: Callable[[Writer], T]) -> T: ...
 

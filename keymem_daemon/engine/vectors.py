@@ -72,6 +72,15 @@ class Snapshot:
         return values if self.scales is None else values * self.scales[rows]
 
 
+def _quantized(vectors: Matrix) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Rows as a quantized table stores them: each scaled to its peak magnitude at 127 and
+    rounded (stored as int8), and that peak / 127, the row's scale (a zero row: 1 / 127).
+    The factor and the scale are taken in float64 from the float32 peak."""
+    peak = np.abs(vectors).max(axis=1).astype(np.float64)
+    peak[peak == 0.0] = 1.0
+    return np.round(vectors * (127.0 / peak).astype(np.float32)[:, None]), peak / 127.0
+
+
 def _widening_buffer(dim: int) -> Matrix:
     """This thread's (``_BLOCK``, ``dim``) float32 buffer for widening int8 rows."""
     buffer: Matrix | None = getattr(_scratch, "buffer", None)
@@ -120,9 +129,8 @@ class VectorTable:
                 self._ids.append(item_id)
                 self._rows[item_id] = row
             if self.quantized:
-                peak = float(np.abs(vector).max()) or 1.0
-                self._matrix[row] = np.round(np.asarray(vector) * (127.0 / peak))
-                self._scales[row] = peak / 127.0
+                self._matrix[row:row + 1], self._scales[row:row + 1] = _quantized(
+                    np.asarray(vector, dtype=np.float32)[None, :])
             else:
                 self._matrix[row] = vector
             self._groups[row] = group
@@ -130,8 +138,8 @@ class VectorTable:
             return row
 
     def upsert_many(self, item_ids: Sequence[str], vectors: Matrix, groups: npt.NDArray[np.int32]) -> None:
-        """``upsert`` for many rows at once (a load): the same stored rows, bit for bit,
-        with the quantization done for the whole block instead of row by row."""
+        """``upsert`` for many rows at once (a load), with the quantization done for the whole
+        block instead of row by row."""
         if not item_ids:
             return
         with self._lock:
@@ -147,11 +155,7 @@ class VectorTable:
                     self._rows[item_id] = row
                 rows[i] = row
             if self.quantized:
-                # As upsert: the factor and the scale in float64 from a float32 peak, 1 for a zero row.
-                peak = np.abs(vectors).max(axis=1).astype(np.float64)
-                peak[peak == 0.0] = 1.0
-                self._matrix[rows] = np.round(vectors * (127.0 / peak).astype(np.float32)[:, None])
-                self._scales[rows] = peak / 127.0
+                self._matrix[rows], self._scales[rows] = _quantized(vectors)
             else:
                 self._matrix[rows] = vectors
             self._groups[rows] = groups

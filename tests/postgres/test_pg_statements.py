@@ -1,9 +1,10 @@
-"""What one remember and one recall cost the PostgreSQL server: the units of work (each a
-transaction: BEGIN and COMMIT at least one round trip) and the statements in them, counted by
-the server itself (``pg_stat_statements`` on a cluster of the test's own, started with it
-preloaded; it does not count every BEGIN, SET and COMMIT sent in pipeline mode, so those are
-left out). On a loaded machine every round trip costs milliseconds, so both are bounded. The
-engine is the real one (real embedder, real Kiwi) on the real repository, as a daemon runs it."""
+"""What one remember and one recall cost the PostgreSQL server: the round trips (each time the
+client waits for the server, counted on the wire by a TCP proxy between them), the units of
+work (each a transaction) and the statements in them, counted by the server itself
+(``pg_stat_statements`` on a cluster of the test's own, started with it preloaded; it does not
+count every BEGIN, SET and COMMIT sent in pipeline mode, so those are left out). On a loaded
+machine every round trip costs milliseconds, so all are bounded. The engine is the real one
+(real embedder, real Kiwi) on the real repository, as a daemon runs it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Any
 import psycopg
 import pytest
 from pg_cluster import OWNER, PgCluster, own_cluster
+from tcp_proxy import TcpProxy
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.reads.recall import recall
+from keymem_daemon.engine.text import normalize
 from keymem_daemon.inference.embedders import CachedEmbedder, UseEmbedder
 from keymem_daemon.store.opening import open_postgres
 
@@ -27,12 +30,23 @@ KEYS = ["deploy freeze", "배포 동결", "Mina", "release train"]
 # index row. Before: two units (the second read the keys back for the write hints) of eleven
 # -- one statement per link, and the memory's keys' state read before and after.
 REMEMBER_STATEMENTS = 5
-# One recall of a query that finds a key: four read units (the query's token statistics;
-# its lexical candidates, their rows, tokens and links; the key's members, their rows,
-# tokens and links; the Top-1's links). Before: a fifth, empty one for the counts the
-# in-memory index holds, and the candidates' links read a second time (11 statements).
-RECALL_UNITS = 4
+# Its round trips: the twin looked up, the links, the key texts, COMMIT; a key the store
+# does not hold adds one lookup for all of them and no read back. Before: each new key looked
+# up and read back, one round trip each (main: 4 of known keys, 7 with one new key).
+REMEMBER_ROUND_TRIPS = 4
+REMEMBER_NEW_KEY_ROUND_TRIPS = 5
+# One recall of a query that finds a key: one read unit (its steps -- the query's token
+# statistics; its lexical candidates, their rows, tokens and links; the key's members, their
+# rows, tokens and links; the Top-1's links -- read one snapshot). Before: four units, each
+# its own transaction and COMMIT (main: 14 round trips), and before them a fifth, empty one
+# for the counts the in-memory index holds, and the candidates' links read a second time.
+RECALL_UNITS = 1
 RECALL_STATEMENTS = 10
+RECALL_ROUND_TRIPS = RECALL_STATEMENTS + 1  # and its COMMIT
+# A daemon following that remember from the change log: the memory's vector, whether it is
+# current, its keys, its state, then its four keys' rows in one statement, their member
+# counts, COMMIT. Before: each key's vector and then its row, one round trip each (main: 14).
+FOLLOW_ROUND_TRIPS = 7
 # Leaves out what pg_stat_statements counts only now and then (the module's doc).
 _COUNTED = "query !~ '^(BEGIN|COMMIT|ROLLBACK|SET|SAVEPOINT|RELEASE)'"
 
@@ -52,13 +66,27 @@ def _superuser_on_keymem(cluster: PgCluster) -> str:
 
 
 @pytest.fixture
-def graph(counted_cluster: PgCluster, tmp_path: Path) -> Iterator[MemoryGraph]:
-    g = MemoryGraph.over(open_postgres(counted_cluster.url_for(OWNER)), CachedEmbedder(UseEmbedder()),
-                         Settings(data_dir=tmp_path))
+def proxy(counted_cluster: PgCluster) -> Iterator[TcpProxy]:
+    made = TcpProxy(counted_cluster.port)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def graph(counted_cluster: PgCluster, proxy: TcpProxy, tmp_path: Path) -> Iterator[MemoryGraph]:
+    url = proxy.url_through(counted_cluster.url_for(OWNER), counted_cluster.port)
+    g = MemoryGraph.over(open_postgres(url), CachedEmbedder(UseEmbedder()), Settings(data_dir=tmp_path))
     try:
         yield g
     finally:
         g.close()
+
+
+def _round_trips(proxy: TcpProxy, action: Callable[[], object]) -> int:
+    """The round trips the graph's connections made during ``action()``."""
+    before = proxy.round_trips
+    action()
+    return proxy.round_trips - before
 
 
 def _statements(cluster: PgCluster, action: Callable[[], object]) -> list[tuple[int, str]]:
@@ -78,10 +106,16 @@ def _units(graph: MemoryGraph, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def counted(kind: str) -> Callable[[Callable[[Any], Any]], Any]:
         run = getattr(graph.store, kind)
+        depth = [0]
 
         def unit(fn: Callable[[Any], Any]) -> Any:
-            units.append(kind)
-            return run(fn)
+            if depth[0] == 0:  # a read inside a read is no unit of its own (engine/ports.py)
+                units.append(kind)
+            depth[0] += 1
+            try:
+                return run(fn)
+            finally:
+                depth[0] -= 1
         return unit
 
     for kind in ("read", "write"):
@@ -89,8 +123,8 @@ def _units(graph: MemoryGraph, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return units
 
 
-def _remember(graph: MemoryGraph, content: str) -> Any:
-    return graph.remember(graph.prepare(content=content, keys=KEYS, key_types={"Mina": "name"}, namespace="proj"))
+def _remember(graph: MemoryGraph, content: str, keys: list[str] = KEYS) -> Any:
+    return graph.remember(graph.prepare(content=content, keys=keys, key_types={"Mina": "name"}, namespace="proj"))
 
 
 def test_one_remember_of_known_keys_is_one_unit_of_five_statements(
@@ -109,8 +143,23 @@ def test_one_remember_of_known_keys_is_one_unit_of_five_statements(
     assert links == [rounds], statements  # the four links of each in one statement
 
 
-def test_one_recall_is_four_units_of_at_most_ten_statements(
-        graph: MemoryGraph, counted_cluster: PgCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_remember_is_four_round_trips_and_a_new_key_adds_one(
+        graph: MemoryGraph, proxy: TcpProxy) -> None:
+    _remember(graph, "Mina moved the deploy freeze to Thursday for the release train")
+    rounds = 5
+    known = [_round_trips(proxy, lambda i=i: _remember(graph, f"release train {i}: Mina keeps the deploy freeze"))
+             for i in range(rounds)]
+    assert known == [REMEMBER_ROUND_TRIPS] * rounds
+    fresh = [_round_trips(proxy, lambda i=i: _remember(graph, f"the {i}th canary of the release train",
+                                                        [*KEYS, f"canary wave {i}"])) for i in range(rounds)]
+    assert fresh == [REMEMBER_NEW_KEY_ROUND_TRIPS] * rounds
+    # The keys made there are the index's, with their one link each, as if read back.
+    wave = graph.keys.get(graph.keys.by_norm("canary wave 0") or "")
+    assert wave is not None and wave.link_count == 1 and wave.concept == "canary wave 0"
+
+
+def test_one_recall_is_one_unit_of_at_most_ten_statements_and_eleven_round_trips(
+        graph: MemoryGraph, counted_cluster: PgCluster, proxy: TcpProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(6):
         _remember(graph, f"release train {i}: Mina keeps the deploy freeze until the {i}th")
     recall(graph, "when does the deploy freeze end?")  # counts the index's statistics the writes renewed
@@ -123,3 +172,16 @@ def test_one_recall_is_four_units_of_at_most_ten_statements(
     assert units == ["read"] * RECALL_UNITS * rounds
     total = sum(calls for calls, _ in statements)
     assert total <= RECALL_STATEMENTS * rounds, statements
+    trips = [_round_trips(proxy, lambda: recall(graph, "when does the deploy freeze end?")) for _ in range(rounds)]
+    assert max(trips) <= RECALL_ROUND_TRIPS, trips
+
+
+def test_following_another_daemons_remember_reads_its_keys_in_one_round_trip(
+        graph: MemoryGraph, proxy: TcpProxy) -> None:
+    saved = _remember(graph, "Mina moved the deploy freeze to Thursday for the release train").saved
+    keys = [graph.keys.by_norm(normalize(k)) for k in KEYS]
+    assert all(keys)
+    # What the change log of that remember names: the memory (its links) and nothing else.
+    trips = _round_trips(proxy, lambda: graph.follow_changes([saved], [], removals=False))
+    assert trips == FOLLOW_ROUND_TRIPS
+    assert [graph.keys.get(k).link_count for k in keys if k] == [1, 1, 1, 1]  # type: ignore[union-attr]

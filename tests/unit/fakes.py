@@ -346,6 +346,14 @@ class InMemoryReader:
                        alias_compacts=tuple(a.compact for a in aliases),
                        link_count=len(self._links_of_key(key_id)))
 
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        wanted = set(norms)
+        out: dict[str, str] = {}
+        for stored in sorted(self._tables.keys.values(), key=lambda k: k.row.id, reverse=True):
+            if stored.row.norm in wanted:
+                out[stored.row.norm] = stored.row.id
+        return out
+
     def key_concept(self, key_id: str) -> str | None:
         stored = self._tables.keys.get(key_id)
         return None if stored is None else stored.row.concept
@@ -363,9 +371,9 @@ class InMemoryReader:
     def key_concepts(self) -> list[tuple[str, str]]:
         return [(k.row.id, k.row.concept) for k in self._tables.keys.values()]
 
-    def key_vector(self, key_id: str) -> bytes | None:
-        stored = self._tables.keys.get(key_id)
-        return None if stored is None else stored.row.vector
+    def key_rows(self, key_ids: Sequence[str]) -> dict[str, tuple[KeyInfo, bytes]]:
+        return {key_id: (self.key_info(key_id), self._tables.keys[key_id].row.vector)
+                for key_id in dict.fromkeys(key_ids) if key_id in self._tables.keys}
 
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         return [(k.rowid, k.row.id, k.row.concept) for k in self._tables.keys.values() if k.rowid > rowid]

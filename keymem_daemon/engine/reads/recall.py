@@ -11,7 +11,7 @@ prefilter's best.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -210,6 +210,25 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     ns = graph.resolve_namespace(namespace)
     top_k = limits.RECALL_TOP_K.clamp(top_k)
     query = query.strip()[:limits.MAX_RECALL_QUERY_CHARS]
+    # Every read of the recall runs in this one (ports.py): one snapshot and, on a server,
+    # one transaction on one connection instead of one per step. Its writes wait for the end.
+    result, alias_hits, confirm = graph.store.read(
+        lambda _: _recall(graph, query, ns, top_k, context, explain, max_chars))
+    if alias_hits:
+        graph.count_alias_hits(alias_hits)
+    if confirm is None or not result.memories:
+        return result
+    preview = result.memories[0]
+    confirmed = graph.confirm_memory(preview.id, "user", namespace=preview.namespace, host=host,
+                                     source={"tool": "recall_auto_confirm"})
+    return replace(result, memories=[replace(preview, auto_confirmed=True, validity=confirmed.validity),
+                                     *result.memories[1:]])
+
+
+def _recall(graph: MemoryGraph, query: str, ns: str | None, top_k: int, context: object, explain: bool,
+            max_chars: int) -> tuple[RecallResult, list[tuple[str, str]], str | None]:
+    """``recall``'s reads: its result, the learned aliases the query matched (their hits to
+    count) and the memory to confirm (the context repeats it), both written after the read."""
     plan = plan_query(graph, query)
     cue_text = context.strip() if isinstance(context, str) and context.strip() else query
     cue = plan if cue_text == query else plan_query(graph, cue_text[:limits.MAX_QUERY_CHARS])
@@ -217,7 +236,7 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     scores = score_keys(graph, plan)
     candidates, weak, near = _key_candidates(graph, plan, cue, scores, ns, now)
     graph.buffer.push(query, weak)
-    _count_alias_hits(graph, plan, scores)
+    alias_hits = _alias_hits(graph, plan, scores)
 
     def shown() -> list[CompactKey]:
         out: list[CompactKey] = []
@@ -251,21 +270,27 @@ def recall(graph: MemoryGraph, query: object, *, namespace: object = None, top_k
     keys = shown()
     ns_total = graph.store.read(lambda reader: reader.count_active(ns, now)) if explain or not keys else 0
     previews: list[Preview] = []
+    confirm = None
     if keys:
-        preview = _top_memory(graph, keys[0].key_id, cue, ns, max_chars, context, host, near)
-        if preview is not None:
+        top = _top_memory(graph, keys[0].key_id, cue, ns, max_chars, near)
+        if top is not None:
+            preview, content = top
             previews.append(preview)
+            if graph.settings.auto_confirm and isinstance(context, str) and context.strip() \
+                    and normalize(context) == normalize(content):
+                confirm = preview.id
     status = "found" if keys else ("no_match" if ns_total else "empty_namespace")
     if not keys:
         nearest = nearest_keys(graph, plan, scores, ns, now)
         return RecallResult(status=status, query=query, namespace=ns, keys=[], memories=[],  # type: ignore[arg-type]
                             namespace_memory_count=ns_total if explain else None,
-                            nearest_keys=nearest, note=NO_MATCH_NOTE)
+                            nearest_keys=nearest, note=NO_MATCH_NOTE), alias_hits, None
     return RecallResult(status=status, query=query, namespace=ns, keys=keys, memories=previews,  # type: ignore[arg-type]
-                        namespace_memory_count=ns_total if explain else None)
+                        namespace_memory_count=ns_total if explain else None), alias_hits, confirm
 
 
-def _count_alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) -> None:
+def _alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) -> list[tuple[str, str]]:
+    """The learned aliases of the keys the query named literally, which it matched."""
     pairs = []
     for kid in scores.literal:
         info = graph.keys.get(kid)
@@ -274,8 +299,7 @@ def _count_alias_hits(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores) ->
         for alias, compact in zip(info.aliases, info.alias_compacts, strict=True):
             if compact in plan.literal_forms:
                 pairs.append((kid, alias))
-    if pairs:
-        graph.count_alias_hits(pairs)
+    return pairs
 
 
 def _key_candidates(graph: MemoryGraph, plan: QueryPlan, cue: QueryPlan, scores: KeyScores, ns: str | None,
@@ -351,7 +375,8 @@ def nearest_keys(graph: MemoryGraph, plan: QueryPlan, scores: KeyScores, ns: str
 
 
 def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None, max_chars: int,
-                context: object, host: Host | None, near: Sequence[str]) -> Preview | None:
+                near: Sequence[str]) -> tuple[Preview, str] | None:
+    """The best memory under ``key_id`` as recall previews it, and its whole text."""
     ranked, _ = rank_key_members(graph, key_id, cue.text, ns, pool=graph.settings.rerank_pool, plan=cue,
                                  near=near)
     if not ranked:
@@ -374,17 +399,10 @@ def _top_memory(graph: MemoryGraph, key_id: str, cue: QueryPlan, ns: str | None,
 
     connected, siblings = graph.store.read(read)
     content, cut = truncate(memory.content, limits.INJECT_MAX_CHARS.clamp(max_chars))
-    auto_confirmed = None
-    validity = graph.validity_of(memory)
-    if graph.settings.auto_confirm and isinstance(context, str) and context.strip() \
-            and normalize(context) == normalize(memory.content):
-        confirmed = graph.confirm_memory(memory.id, "user", namespace=memory.namespace, host=host,
-                                         source={"tool": "recall_auto_confirm"})
-        auto_confirmed, validity = True, confirmed.validity
     return Preview(
         id=memory.id, content=content, namespace=memory.namespace, depth=round(memory.depth, 3),
-        created_at=memory.created_at, observed_at=memory.observed_at, validity=validity,
+        created_at=memory.created_at, observed_at=memory.observed_at, validity=graph.validity_of(memory),
         content_relevance=round(best.relevance or 0.0, 3), connected_keys=connected,
         matched_key=MatchedKey(key_id), batch_sibling_ids=siblings,
-        content_truncated=True if cut else None, content_chars=len(memory.content) if cut else None,
-        auto_confirmed=auto_confirmed)
+        content_truncated=True if cut else None, content_chars=len(memory.content) if cut else None), \
+        memory.content

@@ -396,6 +396,16 @@ class Remembering(Browsing):
         pairs = self._translation_pairs(keys, key_types, vectors)
         near = dict(zip(keys, self.keys.neighbours_of(np.stack([vectors[k] for k in keys]), self.profile),
                         strict=True)) if keys else {}
+        # A shared store is asked about every key text the index does not hold, in one read:
+        # another daemon may have made such a key since this one's index was last in step (and
+        # the read makes a concurrent creation of it conflict, so one of the two runs again and
+        # finds it). A store this daemon alone writes holds no key its index does not know.
+        asked = sorted({normalize(k) for k in keys if self.keys.by_norm(normalize(k)) is None
+                        and normalize(k) not in batch.by_norm}) if self.store.shared else []
+        stored_ids = writer.keys_named(asked) if asked else {}
+        # The keys this call creates, as they will be stored: no read back after the links
+        # (dropped when a later key of the call changes one: it is read back then).
+        created: dict[str, KeyInfo] = {}
         resolved: dict[str, str] = {}
         for key in keys:
             kind = key_types.get(key, "concept")
@@ -404,28 +414,32 @@ class Remembering(Browsing):
             if earlier is not None:
                 key_id = earlier
                 touched.add(key_id)
+                created.pop(key_id, None)
             elif partner is not None and partner in resolved and self.keys.by_norm(normalize(key)) is None \
                     and not any(normalize(p.concept) == normalize(key) for p in pending):
                 key_id = resolved[partner]
                 self._add_alias(writer, key_id, key, learned=False)
                 touched.add(key_id)
+                created.pop(key_id, None)
             else:
                 match = self.keys.resolve(key, kind, vectors[key], self.profile, pending, near[key])
-                # A shared store is asked too: another daemon may have made this key since this
-                # one's index was last in step (and the read makes a concurrent creation of it
-                # conflict, so one of the two runs again and finds it). A store this daemon alone
-                # writes holds no key its index does not know.
-                stored = (writer.key_named(new_id(), normalize(key))
-                          if match.key_id is None and self.store.shared else None)
+                norm = normalize(key)
+                stored = None
+                if match.key_id is None and self.store.shared:
+                    # (Asked one by one only if the index lost the key's text since ``asked``.)
+                    stored = stored_ids.get(norm) if norm in asked else writer.key_named(new_id(), norm)
                 if stored is not None:
                     key_id = stored
                 elif match.key_id is None:
                     key_id = new_id()
+                    compact = self.analyzer.compact(key)
                     writer.insert_key(KeyRow(
-                        id=key_id, concept=key, norm=normalize(key), compact=self.analyzer.compact(key),
+                        id=key_id, concept=key, norm=norm, compact=compact,
                         key_type=kind, vector=vector_bytes(vectors[key]), created_at=self.clock()))
                     pending.append(PendingKey(key_id, key, kind, vectors[key]))
+                    created[key_id] = KeyInfo(id=key_id, concept=key, key_type=kind, compact=compact, link_count=1)
                 else:
+                    created.pop(match.key_id, None)
                     key_id = match.key_id
                     if match.promote_to is not None:
                         writer.set_key_type(key_id, match.promote_to)
@@ -442,7 +456,8 @@ class Remembering(Browsing):
             if key_id not in linked:
                 linked.append(key_id)
         new_links = writer.link_all(linked, memory_id, weight, auto)
-        infos = {kid: writer.key_info(kid) for kid in touched}
+        read_back = writer.key_rows(sorted(touched - created.keys())) if touched - created.keys() else {}
+        infos = {kid: created[kid] if kid in created else read_back[kid][0] for kid in touched}
         vectors_of = {p.id: p.vector for p in pending}
 
         def apply() -> None:

@@ -18,6 +18,20 @@ _UNIT: Final = "\x1f"
 _HOLDING: Final = "EXISTS (SELECT 1 FROM unnest(%s::text[]) x WHERE strpos({column}, x) > 0)"
 
 
+# What ``KeyInfo`` holds of key ``k``, in one statement: the key, its aliases (alias, compact)
+# in the order they were added, and its link count.
+_KEY_INFO: Final = ("k.id, k.concept, k.compact, k.key_type, ARRAY(SELECT ARRAY[a.alias, a.compact] FROM aliases a "
+                    "WHERE a.key_id = k.id ORDER BY a.added_at), (SELECT COUNT(*) FROM links l WHERE l.key_id = k.id)")
+
+
+def _key_info(row: Sequence[Any]) -> KeyInfo:
+    """The ``KeyInfo`` of a row that starts with ``_KEY_INFO``'s columns."""
+    key_id, concept, compact, key_type, aliases, count = row[:6]
+    return KeyInfo(id=key_id, concept=concept, key_type=key_type, compact=compact,
+                   aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
+                   link_count=int(count))
+
+
 class PgKeyRows:
     """The key, alias and link operations of a PostgreSQL reader/writer."""
 
@@ -34,17 +48,18 @@ class PgKeyRows:
     # -- reads ----------------------------------------------------------------------------
 
     def key_info(self, key_id: str) -> KeyInfo:
-        # One round trip: the key, its aliases (alias, compact) and its link count.
-        rows = self._rows(
-            "SELECT id, concept, compact, key_type, ARRAY(SELECT ARRAY[a.alias, a.compact] FROM aliases a "
-            "WHERE a.key_id = k.id ORDER BY a.added_at), (SELECT COUNT(*) FROM links l WHERE l.key_id = k.id) "
-            "FROM keys k WHERE id = %s", (key_id,))
+        rows = self._rows(f"SELECT {_KEY_INFO} FROM keys k WHERE id = %s", (key_id,))
         if not rows:
             raise KeyError(key_id)
-        key_id, concept, compact, key_type, aliases, count = rows[0]
-        return KeyInfo(id=key_id, concept=concept, key_type=key_type, compact=compact,
-                       aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
-                       link_count=int(count))
+        return _key_info(rows[0])
+
+    def key_rows(self, key_ids: Sequence[str]) -> dict[str, tuple[KeyInfo, bytes]]:
+        return {r[0]: (_key_info(r), bytes(r[6])) for r in self._rows(
+            f"SELECT {_KEY_INFO}, vector FROM keys k WHERE id = ANY(%s)", (list(dict.fromkeys(key_ids)),))}
+
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        return {r[0]: r[1] for r in self._rows("SELECT norm, MIN(id) FROM keys WHERE norm = ANY(%s) GROUP BY norm",
+                                               (list(dict.fromkeys(norms)),))}
 
     def key_concept(self, key_id: str) -> str | None:
         value = self._value("SELECT concept FROM keys WHERE id = %s", (key_id,))

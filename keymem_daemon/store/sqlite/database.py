@@ -379,15 +379,21 @@ class Store:
         return self.read(fn)
 
     def read(self, fn: Callable[[SqliteReader], T]) -> T:
-        """Run ``fn`` on this thread's read connection inside one snapshot."""
+        """Run ``fn`` on this thread's read connection inside one snapshot (the open one's,
+        when this thread is inside a read already)."""
+        outer: SqliteReader | None = getattr(self._local, "reading", None)
+        if outer is not None:
+            return fn(outer)
         conn = self._reader()
         seen = self.vocabulary.generation  # before the snapshot begins (see Vocabulary)
         conn.execute("BEGIN")
+        self._local.reading = reader = SqliteReader(conn, self.vocabulary, seen)
         try:
-            return fn(SqliteReader(conn, self.vocabulary, seen))
+            return fn(reader)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the store refused a read: {exc}{damage_hint(exc, self.backup_dir)}") from exc
         finally:
+            self._local.reading = None
             conn.execute("COMMIT")
 
     # -- maintenance ---------------------------------------------------------------------

@@ -37,6 +37,11 @@ class KeyRows:
                        aliases=tuple(a[0] for a in aliases), alias_compacts=tuple(a[1] for a in aliases),
                        link_count=count)
 
+    def keys_named(self, norms: Sequence[str]) -> dict[str, str]:
+        return {str(r[0]): str(r[1]) for r in rows_in(
+            self._conn, "SELECT norm, MIN(id) FROM keys WHERE norm IN ({marks}) GROUP BY norm",
+            list(dict.fromkeys(norms)))}
+
     def key_concept(self, key_id: str) -> str | None:
         row = self._conn.execute("SELECT concept FROM keys WHERE id = ?", (key_id,)).fetchone()
         return None if row is None else str(row[0])
@@ -64,9 +69,13 @@ class KeyRows:
     def key_concepts(self) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._conn.execute("SELECT id, concept FROM keys").fetchall()]
 
-    def key_vector(self, key_id: str) -> bytes | None:
-        row = self._conn.execute("SELECT vector FROM keys WHERE id = ?", (key_id,)).fetchone()
-        return None if row is None else bytes(row[0])
+    def key_rows(self, key_ids: Sequence[str]) -> dict[str, tuple[KeyInfo, bytes]]:
+        out: dict[str, tuple[KeyInfo, bytes]] = {}
+        for key_id in dict.fromkeys(key_ids):
+            row = self._conn.execute("SELECT vector FROM keys WHERE id = ?", (key_id,)).fetchone()
+            if row is not None:
+                out[key_id] = self.key_info(key_id), bytes(row[0])
+        return out
 
     def keys_after(self, rowid: int) -> list[tuple[int, str, str]]:
         return [(r[0], r[1], r[2]) for r in self._conn.execute(
