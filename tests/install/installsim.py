@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import filelock
 import mcp.types as types
 import pytest
-from daemon_helpers import built_once, live_processes, scaled
+from daemon_helpers import live_processes, scaled, session_tmp
+from filelock import FileLock
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from keymem_daemon import runtime
@@ -477,15 +477,15 @@ def offline_pip_env(wheelhouse: Path) -> dict[str, str]:
 def session_wheelhouse(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """The offline wheelhouse: in pytest's cache between runs, else once per run (its
-    pytest-xdist workers share it); built by one of them while the others wait."""
+    """The offline wheelhouse: in pytest's cache between runs, else once per session. Built
+    once under a lock: pytest-xdist's workers share it (the others wait, then find it built)."""
     cache = getattr(request.config, "cache", None)
     if cache is not None:
         where = Path(cache.mkdir("keymem-wheelhouse"))
-        with filelock.FileLock(where / "build.lock"):
-            return build_wheelhouse(where)
-    with built_once(tmp_path_factory, "keymem-wheelhouse") as where:
+    else:
+        where = session_tmp(tmp_path_factory) / "keymem-wheelhouse"
         where.mkdir(exist_ok=True)
+    with FileLock(where / "build.lock"):
         return build_wheelhouse(where)
 
 
