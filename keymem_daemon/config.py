@@ -114,6 +114,21 @@ def _path(name: str, raw: str) -> Path:
 STORE_URL_SCHEMES: Final = ("postgresql", "postgres")
 """libpq's URI schemes (the only server backend; unset means the embedded SQLite store)."""
 _DEFAULT_PG_PORT: Final = 5432
+STORE_LOCK_TIMEOUT: Final = 2.0
+"""Seconds a statement of the daemon waits for a row lock another session holds on the
+PostgreSQL store (its ``lock_timeout``) before the write is run again: a lock another daemon's
+write holds lasts one short transaction, and below the connections' silence watch (5 s,
+store/postgres/liveness.py), so the server says why instead of the daemon calling it gone."""
+STORE_LOCK_TIMEOUT_RANGE: Final = (0.05, 4.5)
+"""Above 0 (0 is PostgreSQL's "wait for ever") and below the 5 s silence watch, which would cut
+the connection first and report the server as not answering."""
+STORE_IDLE_TIMEOUT: Final = 5.0
+"""Seconds a session of the daemon may sit idle inside a transaction before the server ends
+it (``idle_in_transaction_session_timeout``), releasing its row locks: keymem's transactions
+never wait on anything but the server (an embedding is made before its write begins), so an
+idle one belongs to a daemon that hangs or whose network froze. Short enough that another
+daemon's write to the same rows, run again while it waits (``STORE_LOCK_TIMEOUT``), succeeds
+within its 10 s budget."""
 
 
 def _split_store_url(name: str, raw: str) -> SplitResult:
@@ -324,6 +339,17 @@ VARIABLES: Final[tuple[Variable, ...]] = (
              "live in the PostgreSQL store at KEYMEM_STORE_URL; every other namespace stays in the "
              "local SQLite store <data>/keymem.db, and recall, the prompt hook and the tools span "
              "both. Needs KEYMEM_STORE_URL."),
+    Variable("KEYMEM_STORE_LOCK_TIMEOUT", "store_lock_timeout",
+             _number(float, *STORE_LOCK_TIMEOUT_RANGE), f"{STORE_LOCK_TIMEOUT:g}",
+             "Team memory: seconds a statement waits for a row lock another session holds on the "
+             "PostgreSQL server (lock_timeout) before the write is run again (writes give up, "
+             "naming the server, after 10 s); at most 4.5."),
+    Variable("KEYMEM_STORE_IDLE_TIMEOUT", "store_idle_timeout", _number(float, 1.0, 3600.0),
+             f"{STORE_IDLE_TIMEOUT:g}",
+             "Team memory: seconds a daemon's session may sit idle inside a transaction before the "
+             "server ends it (idle_in_transaction_session_timeout), so a daemon that hangs or "
+             "loses its network mid-write never holds its row locks -- and blocks the others' "
+             "writes -- for longer."),
     Variable("KEYMEM_HOST_CWD", "host_cwd", _text, "(the shim's working directory)",
              "The user's project directory as the shim reports it; the plugin launcher sets it "
              "(Codex starts plugin servers inside the plugin). Set but empty: report none."),
@@ -388,6 +414,8 @@ class Settings:
     # Holds the password when the URL carries one: out of repr, so a logged Settings shows none.
     store_url: str | None = field(default=None, repr=False)
     team_namespaces: tuple[str, ...] | None = None
+    store_lock_timeout: float = STORE_LOCK_TIMEOUT
+    store_idle_timeout: float = STORE_IDLE_TIMEOUT
     # Host transcript roots (CLAUDE_CONFIG_DIR / CODEX_HOME); not KEYMEM_ variables.
     claude_dir: Path = field(default_factory=lambda: Path("~/.claude").expanduser())
     codex_dir: Path = field(default_factory=lambda: Path("~/.codex").expanduser())

@@ -28,22 +28,27 @@ import dataclasses
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from keymem_daemon.config import Settings
 from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import MemoryGraph
-from keymem_daemon.engine.ports import Scope
+from keymem_daemon.engine.keys import KeyInfo
+from keymem_daemon.engine.ports import Reader, Scope
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.engine.reads.recall import NEAREST_KEYS
 from keymem_daemon.engine.records import (
     BrowseResult,
     CleanupResult,
+    CompactKey,
     Hit,
     IdempotencyKey,
+    KeyView,
     ListResult,
+    ReadKeyResult,
     RecallResult,
     Replayed,
     Stats,
@@ -103,6 +108,49 @@ class StoreStats:
     store: str
     counts: Stats | None
     """None when the store does not answer."""
+
+
+@dataclass(slots=True)
+class CrossStore:
+    """What an import joins across the two stores and so cannot keep (``import_parts``)."""
+
+    relations: int = 0
+    """Explicit relations between a memory of one store and one of the other."""
+    supersessions: int = 0
+    """Pairs of versions (one superseding the other) split between the stores: each store
+    keeps its memory, the one superseded becomes current again."""
+
+    def report(self) -> dict[str, Any] | None:
+        """The import answer's ``not_imported`` entry; None when nothing was left out."""
+        if not self.relations and not self.supersessions:
+            return None
+        return {"relations": self.relations, "supersessions": self.supersessions,
+                "why": "each joins a memory of the local store to one of the team store (their namespaces map to "
+                       "different stores), and a store's relations and versions name its own memories only"}
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """An import cut by store (``Federation.import_parts``), for ``transfer.import_parts``."""
+
+    parts: list[tuple[MemoryGraph, dict[str, Any]]]
+    places: list[Mapping[str, list[str]]]
+    """Per part, per list of records, each record's place in the file as sent."""
+    across: CrossStore
+
+    def placed(self, part: int, exc: InvalidInput) -> InvalidInput:
+        """A refusal naming a part's record (``memories[0] cannot be stored: ...``) as one
+        naming its place in the file (``team.memories[3] cannot be stored: ...``)."""
+        found = re.match(r"(\w+)\[(\d+)\]", exc.field or "")
+        if found is None:
+            return exc
+        name, index = found.group(1), int(found.group(2))
+        places = self.places[part].get(name) or []
+        if index >= len(places):
+            return exc
+        where = f"{places[index]}{exc.field[found.end():] if exc.field else ''}"
+        message = exc.message.replace(found.group(0), places[index], 1)
+        return InvalidInput(message, field=where)
 
 
 class Federation:
@@ -165,13 +213,17 @@ class Federation:
 
     # -- import -----------------------------------------------------------------------------
 
-    def import_parts(self, data: Mapping[str, Any]) -> list[tuple[MemoryGraph, dict[str, Any]]]:
-        """An import cut by store, the team part first (the one that may find its server gone
-        before anything is written): each memory goes to the store owning its namespace, with
-        its links, the keys they name (a key linked from both stores goes to both) and the
-        relations within that store. A federated export's ``team`` part is cut the same way,
-        so it lands where it came from. The file is checked whole first, as it was sent, so a
-        refusal names the record's place in it (``team.memories[3].content``)."""
+    def import_parts(self, data: Mapping[str, Any]) -> Cut:
+        """An import cut by store, the local part first (``transfer.import_parts`` holds its
+        SQLite transaction open while the team part is written and committed, so a team part
+        the server refuses leaves the local store unchanged too): each memory goes to the store
+        owning its namespace, with its links, the keys they name (a key linked from both stores
+        goes to both) and the relations within that store. A relation or a supersession joining
+        a memory of one store to one of the other cannot be kept (each store's rows name its
+        own memories): they are counted, and the answer says so. A federated export's ``team``
+        part is cut the same way, so it lands where it came from. The file is checked whole
+        first, as it was sent, so a refusal names the record's place in it
+        (``team.memories[3].content``)."""
         documents = [(transfer.as_export(data), self.local, "")]
         team_part = data.get("team")
         if team_part is not None:
@@ -181,8 +233,10 @@ class Federation:
         for shape, _home, where in documents:
             _in_part(where, functools.partial(transfer.check, self.local, shape))
         parts: dict[int, tuple[MemoryGraph, dict[str, Any]]] = {}
-        for shape, home, _where in documents:
-            for graph, part in self._cut(shape, home):
+        places: dict[int, dict[str, list[str]]] = {id(g): {name: [] for name in _RECORDS} for g in self.graphs}
+        across = CrossStore()
+        for shape, home, where in documents:
+            for graph, part in self._cut(shape, home, across, where, places):
                 if id(graph) not in parts:
                     parts[id(graph)] = (graph, part)
                     continue
@@ -191,32 +245,51 @@ class Federation:
                     into[name] = into[name] + part[name]
                 if into["embedder"] != part["embedder"]:
                     into["embedder"] = None  # two embedders' vectors: embed every record again
-        full = [(graph, part) for graph, part in parts.values() if any(part[name] for name in _RECORDS)]
-        return sorted(full, key=lambda item: item[0] is self.local) or [(self.local, {**documents[0][0]})]
+        full = sorted(((graph, part) for graph, part in parts.values() if any(part[name] for name in _RECORDS)),
+                      key=lambda item: item[0] is self.team)
+        if not full:
+            return Cut([(self.local, {**documents[0][0]})], [{}], across)
+        return Cut(full, [places[id(graph)] for graph, _ in full], across)
 
-    def _cut(self, shape: Mapping[str, Any], home: MemoryGraph) -> list[tuple[MemoryGraph, dict[str, Any]]]:
-        """One checked document's records by store; a key no memory links stays at ``home``."""
+    def _cut(self, shape: Mapping[str, Any], home: MemoryGraph, across: CrossStore, where: str,
+             places: Mapping[int, Mapping[str, list[str]]]) -> list[tuple[MemoryGraph, dict[str, Any]]]:
+        """One checked document's records by store; a key no memory links stays at ``home``;
+        what joins the two stores counted in ``across``; each record's place in the file (in
+        the document ``where``) appended to its store's ``places``."""
         owner = {m["id"]: self.for_write(m.get("namespace")) for m in shape["memories"]}
         parts: dict[int, dict[str, Any]] = {
             id(g): {"format": transfer.FORMAT, "version": transfer.VERSION, "embedder": shape.get("embedder"),
                     **{name: [] for name in _RECORDS}} for g in self.graphs}
+
+        def add(store: int, name: str, index: int, record: Mapping[str, Any]) -> None:
+            parts[store][name].append(record)
+            places[store][name].append(f"{where}.{name}[{index}]" if where else f"{name}[{index}]")
         key_stores: dict[str, set[int]] = {}
-        for memory in shape["memories"]:
-            parts[id(owner[memory["id"]])]["memories"].append(memory)
-        for link in shape["links"]:
+        versions: set[frozenset[str]] = set()
+        for i, memory in enumerate(shape["memories"]):
+            graph = owner[memory["id"]]
+            add(id(graph), "memories", i, memory)
+            for name in ("supersedes", "superseded_by"):
+                other = owner.get(memory.get(name))
+                if other is not None and other is not graph:
+                    versions.add(frozenset((memory["id"], memory[name])))
+        across.supersessions += len(versions)
+        for i, link in enumerate(shape["links"]):
             graph = owner[link["memory_id"]]
-            parts[id(graph)]["links"].append(link)
+            add(id(graph), "links", i, link)
             key_stores.setdefault(link["key_id"], set()).add(id(graph))
-        for key in shape["keys"]:
+        for i, key in enumerate(shape["keys"]):
             for store in key_stores.get(key["id"]) or {id(home)}:
-                parts[store]["keys"].append(key)
-        for relation in shape.get("relations") or []:
+                add(store, "keys", i, key)
+        for i, relation in enumerate(shape.get("relations") or []):
             source, target = owner.get(relation["from"]), owner.get(relation["to"])
             if source is not None and source is target:
-                parts[id(source)]["relations"].append(relation)
-        for candidate in shape.get("alias_candidates") or []:
+                add(id(source), "relations", i, relation)
+            elif source is not None and target is not None:
+                across.relations += 1
+        for i, candidate in enumerate(shape.get("alias_candidates") or []):
             for store in key_stores.get(candidate["key_id"]) or {id(home)}:
-                parts[store]["alias_candidates"].append(candidate)
+                add(store, "alias_candidates", i, candidate)
         return [(g, parts[id(g)]) for g in self.graphs]
 
     # -- tools ------------------------------------------------------------------------------
@@ -236,9 +309,10 @@ class Federation:
         args = tools.Args(tool, arguments)
         route = ROUTES[tool.name]
         if route == "memory":
-            return on(self.for_memory(args.raw("memory_id")), args)
+            graph = self.for_memory(args.raw("memory_id"))
+            return on(graph, self._keys_in(graph, tool, arguments, args))
         if route == "key":
-            return on(self.for_key(args.raw("key_id")), args)
+            return self._read_key(tool, arguments, args, on)
         if route == "write":
             return on(self.for_write(args.raw("namespace")), args)
         if route == "batch":
@@ -252,6 +326,8 @@ class Federation:
             return self._browse(args)
         if tool.name == "list_memories":
             return self._list(args)
+        if tool.name == "recall":
+            return self._merge_recall(self.each(lambda graph: on(graph, args)), args)
         merge = _MERGES[tool.name]
         return merge(self.each(lambda graph: on(graph, args)), args)
 
@@ -283,16 +359,129 @@ class Federation:
             merged["batch_id"] = batch_id
         return Replayed(merged)  # an answer already rendered: forwarded as it is
 
+    # -- one key per concept ----------------------------------------------------------------
+    # A concept linked from memories of both stores has a key in each (each store's links name
+    # its own keys), under its own id. The tools show it as one key: listed once with the
+    # memories of both, its id (either store's) read and followed across both.
+
+    def twin(self, graph: MemoryGraph, key_id: object) -> str | None:
+        """``graph``'s key for the concept of key ``key_id`` of either store (``key_id`` itself
+        when ``graph`` holds it); None when ``graph`` has no key of that concept."""
+        if not isinstance(key_id, str):
+            return None
+        if graph.keys.get(key_id) is not None:
+            return key_id
+        info = (self.team if graph is self.local else self.local).keys.get(key_id)
+        return graph.keys.by_norm(normalize(info.concept)) if info is not None else None
+
+    def _keys_in(self, graph: MemoryGraph, tool: tools.Tool, arguments: Mapping[str, Any] | None,
+                 args: tools.Args) -> tools.Args:
+        """A memory tool's key id (``via_key_id``, ``key_id``) as ``graph``'s key of the same
+        concept, when it names the other store's (a key recall showed from there)."""
+        raw = dict(arguments or {})
+        for name in ("via_key_id", "key_id"):
+            if name in tool.properties and isinstance(raw.get(name), str):
+                raw[name] = self.twin(graph, raw[name]) or raw[name]
+        return args if raw == dict(arguments or {}) else tools.Args(tool, raw)
+
+    def _counted(self, key_id: str, count: int) -> KeyView:
+        """The view of key ``key_id`` (of either store) with ``count`` memories: whether that
+        makes it a hub, its specificity, as a store's own view says them."""
+        graph = self.local if self.local.keys.get(key_id) is not None else self.team
+        info = graph.keys.get(key_id)
+        assert info is not None, key_id  # a key a store just answered with
+        return graph.key_view(info, count)
+
+    def _one_key(self, views: Sequence[KeyView]) -> KeyView:
+        """One concept's key views from both stores as one: the first's id and type, the
+        memories of both, every alias once."""
+        count = sum(v.memory_count for v in views)
+        counted = self._counted(views[0].key_id, count)
+        return dataclasses.replace(views[0], aliases=_once(a for v in views for a in v.aliases),
+                                   learned_aliases=_once(a for v in views for a in v.learned_aliases),
+                                   memory_count=count, is_hub=counted.is_hub, specificity=counted.specificity)
+
+    def _one_cluster(self, same: Sequence[CompactKey]) -> CompactKey:
+        """One concept's recalled key clusters from both stores (best first) as one: the best's
+        id, score and match, the memories of both, every alias once."""
+        if len(same) == 1:
+            return same[0]
+        count = sum(k.memory_count for k in same)
+        counted = self._counted(same[0].key_id, count)
+        return dataclasses.replace(same[0], aliases=_once(a for k in same for a in k.aliases), memory_count=count,
+                                   is_hub=counted.is_hub, specificity=counted.specificity)
+
+    def _merge_recall(self, results: list[RecallResult], args: tools.Args) -> RecallResult:
+        """One recall over both stores: their key clusters by score, one per concept (``top_k``
+        of them), and the passive Top-1 of the store whose key leads; ``no_match`` with the
+        nearest keys of both."""
+        counted = [r.namespace_memory_count for r in results if r.namespace_memory_count is not None]
+        count = sum(counted) if counted else None
+        found = [r for r in results if r.status == "found"]
+        if not found:
+            nearest = sorted(itertools.chain.from_iterable(r.nearest_keys or [] for r in results),
+                             key=lambda k: -k.score)[:NEAREST_KEYS]
+            status: Literal["no_match", "empty_namespace"] = \
+                "no_match" if any(r.status == "no_match" for r in results) else "empty_namespace"
+            return dataclasses.replace(results[0], status=status, nearest_keys=nearest, namespace_memory_count=count)
+        concepts: dict[str, list[CompactKey]] = {}
+        for key in sorted(itertools.chain.from_iterable(r.keys for r in found), key=lambda k: -k.score):
+            concepts.setdefault(normalize(key.concept), []).append(key)
+        keys = [self._one_cluster(same) for same in concepts.values()]
+        keys = keys[:limits.RECALL_TOP_K.clamp(args.integer("top_k"))]
+        lead = next(r for r in found if r.keys[0].key_id == keys[0].key_id)
+        return dataclasses.replace(lead, keys=keys, namespace_memory_count=count)
+
+    def _read_key(self, tool: tools.Tool, arguments: Mapping[str, Any] | None, args: tools.Args,
+                  on: Callable[[MemoryGraph, tools.Args], Any]) -> Any:
+        """``read_key`` over the stores holding the key's concept: its memories in both, ranked
+        together, paged as one list; over one namespace, that namespace's store's key."""
+        key_id = args.raw("key_id")
+        one = self.for_namespace(args.raw("namespace")) if isinstance(key_id, str) else None
+        if one is not None:
+            return on(one, self._keys_in(one, tool, arguments, args))
+        home = self.for_key(key_id)
+        other = self.team if home is self.local else self.local
+        twin = self.twin(other, key_id)
+        if twin is None or twin == key_id:
+            return on(home, args)
+        limit, offset, query = args.integer("limit"), args.integer("offset"), args.text("query")
+        ids = {id(home): key_id, id(other): twin}
+        pages: list[ReadKeyResult] = self.each(
+            lambda g: g.read_key(ids[id(g)], query=query, limit=offset + limit, offset=0))
+        pages.sort(key=lambda page: page.key.key_id != key_id)  # the key asked for leads
+        handles = sorted(itertools.chain.from_iterable(p.memories for p in pages), key=lambda h: -h.score)
+        total = sum(p.total for p in pages)
+        return ReadKeyResult(key=self._one_key([p.key for p in pages]), memories=handles[offset:offset + limit],
+                             total=total, next_offset=offset + limit if offset + limit < total else None)
+
     def _browse(self, args: tools.Args) -> BrowseResult:
-        """Both stores' key pages up to the one asked for, merged in browse order."""
+        """Both stores' keys over every namespace, one per concept (counted from the in-memory
+        tables, as a store's browse counts them), in browse order; the page's views read from
+        the stores holding each."""
         limit, offset, hubs = args.integer("limit"), args.integer("offset"), args.boolean("hubs_only")
-        pages = self.each(lambda g: g.browse_keys(None, hubs_only=hubs, limit=offset + limit, offset=0))
-        keys = sorted(itertools.chain.from_iterable(p.keys for p in pages),
-                      key=lambda k: (not k.is_hub, -k.memory_count, normalize(k.concept)))
-        total = sum(p.key_count for p in pages)
+        answered = self.each(lambda g: (g, g.browse_keys(None, limit=0)))
+        concepts: dict[str, list[tuple[MemoryGraph, KeyInfo, int]]] = {}
+        for graph, _ in answered:
+            for key_id, n in graph.key_counts((k.id for k in graph.keys.all()), None, graph.clock()).counts.items():
+                info = graph.keys.get(key_id)
+                if info is not None and n > 0:
+                    concepts.setdefault(normalize(info.concept), []).append((graph, info, n))
+        hub = self.settings.hub_min_links
+        entries = [(norm, held, sum(n for _, _, n in held)) for norm, held in concepts.items()]
+        entries = [e for e in entries if not hubs or e[2] >= hub]
+        entries.sort(key=lambda e: (e[2] < hub, -e[2], e[0]))
+
+        def view(held: list[tuple[MemoryGraph, KeyInfo, int]]) -> KeyView:
+            views = [g.key_view(info, n, g.store.read(functools.partial(_learned_aliases, info.id)))
+                     for g, info, n in held]
+            return self._one_key(views)
+
+        total = len(entries)
+        pages = [page for _, page in answered]
         return BrowseResult(status="ok" if any(p.status == "ok" for p in pages) else "empty_namespace",
                             namespace=None, memory_count=sum(p.memory_count for p in pages), key_count=total,
-                            keys=keys[offset:offset + limit],
+                            keys=[view(held) for _, held, _ in entries[offset:offset + limit]],
                             next_offset=offset + limit if offset + limit < total else None)
 
     def _list(self, args: tools.Args) -> ListResult:
@@ -356,22 +545,13 @@ def _in_part(where: str, check: Callable[[], T]) -> T:
                            field=f"{where}.{exc.field}" if exc.field else where) from exc
 
 
-def _merge_recall(results: list[RecallResult], args: tools.Args) -> RecallResult:
-    """One recall over both stores: their key clusters by score (``top_k`` of them) and the
-    passive Top-1 of the store whose key leads; ``no_match`` with the nearest keys of both."""
-    counted = [r.namespace_memory_count for r in results if r.namespace_memory_count is not None]
-    count = sum(counted) if counted else None
-    found = [r for r in results if r.status == "found"]
-    if not found:
-        nearest = sorted(itertools.chain.from_iterable(r.nearest_keys or [] for r in results),
-                         key=lambda k: -k.score)[:NEAREST_KEYS]
-        status: Literal["no_match", "empty_namespace"] = \
-            "no_match" if any(r.status == "no_match" for r in results) else "empty_namespace"
-        return dataclasses.replace(results[0], status=status, nearest_keys=nearest, namespace_memory_count=count)
-    keys = sorted(itertools.chain.from_iterable(r.keys for r in found),
-                  key=lambda k: -k.score)[:limits.RECALL_TOP_K.clamp(args.integer("top_k"))]
-    lead = next(r for r in found if r.keys[0].key_id == keys[0].key_id)
-    return dataclasses.replace(lead, keys=keys, namespace_memory_count=count)
+def _learned_aliases(key_id: str, reader: Reader) -> list[str]:
+    return reader.learned_aliases(key_id)
+
+
+def _once(items: Iterable[str]) -> list[str]:
+    """``items`` in order, each once."""
+    return list(dict.fromkeys(items))
 
 
 def _merge_hits(results: list[list[Hit]], args: tools.Args) -> list[Hit]:
@@ -394,7 +574,6 @@ def _sum_cleanups(parts: Sequence[CleanupResult]) -> CleanupResult:
 
 
 _MERGES: Final[Mapping[str, Callable[[Any, tools.Args], Any]]] = {
-    "recall": _merge_recall,
     "recall_memories": _merge_hits,
     "memory_stats": lambda results, _args: sum_stats(results),
     "cleanup_expired": lambda results, _args: _sum_cleanups(results),

@@ -241,7 +241,7 @@ class Service:
         assert url is not None
         path = self.settings.data_dir / REPLICA_FILE
         try:
-            server = opening.open_postgres(url)
+            server = opening.open_postgres(url, self.settings)
         except StoreUnavailable as exc:
             logger.warning("%s; starting on this daemon's local replica, and trying the server again", exc)
             store = FailoverRepository(None, Replica.kept(path, describe_store_url(url)), where=describe_store_url(url))
@@ -249,7 +249,7 @@ class Service:
                 graph = MemoryGraph.over(store, embedder, self.settings, clock=self.clock, reranker=reranker,
                                          progress=self._re_embedding)
             self._team = store
-            self._connector = Connector(lambda: opening.open_postgres(url),
+            self._connector = Connector(lambda: opening.open_postgres(url, self.settings),
                                         lambda server: self._caught_up(graph, store, server))
             self._connector.start()
             return graph
@@ -334,8 +334,18 @@ class Service:
                      "of its memories",
         }.get(team.replica.state, "reads come from the part of this daemon's local replica filled before it "
                                   "went away (what was not copied yet is not found)")
+        refused = self._connector.refused if self._connector is not None else None
+        if refused is not None:  # the server answered and refused this daemon: no retry cures it
+            return f"possibly stale: {refused}; {reads} and writes fail until it is fixed and keymemd restarted"
         return (f"possibly stale: the store at {describe_store_url(url)} does not answer ({why}); {reads} "
                 "and writes fail until it is back (it reconnects by itself)")
+
+    def _stale_since(self, before: str | None) -> str | None:
+        """``stale`` for an answer whose work began when ``stale`` said ``before``: marked when
+        either says so. A daemon that caught up while the answer was being made (the change
+        log read, the replica and the tables in step) may have read the replica -- which held
+        a memory forgotten or superseded meanwhile -- before it did."""
+        return self.stale() or before
 
     def _compare_with_backups(self, graph: MemoryGraph) -> None:
         """A start on a store without memories next to a backup with some says so loudly: the
@@ -452,6 +462,7 @@ class Service:
         logged = self.activity is not None and self.activity.enabled and name in activity_log.LOGGED_TOOLS
         args = arguments if isinstance(arguments, Mapping) else {}
         forgotten = None
+        stale_before = self.stale()  # the reads may come from the replica: see _stale_since
         if logged and name == "forget" and isinstance(args.get("memory_id"), str):
             owner = federated.for_memory(args["memory_id"]) if federated is not None else graph
             memory = owner.store.read(lambda reader: reader.memory(args["memory_id"]))
@@ -460,7 +471,7 @@ class Service:
             outcome = federated.call_tool(name, arguments, host, idempotency)
         else:
             outcome = tools.call_tool(tools.Context(graph, self.settings, host, idempotency), name, arguments)
-        stale = self.stale()
+        stale = self._stale_since(stale_before)
         if stale is not None and isinstance(outcome.result, dict):
             outcome = dataclasses.replace(outcome, result={**outcome.result, "stale": stale})
         if logged and not outcome.is_error and self.activity is not None:
@@ -522,6 +533,7 @@ class Service:
             project = (scope or frozenset()) - {"default"}
         max_chars = request.max_chars or self.settings.inject_max_chars
         session = self.sessions.view(request.session_id) if request.session_id else None
+        stale_before = self.stale()
         top_k, max_chars = limits.INJECT_TOP_K.clamp(request.top_k), limits.INJECT_MAX_CHARS.clamp(max_chars)
         if self.federation is not None:
             result = self.federation.inject(request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
@@ -529,7 +541,7 @@ class Service:
         else:
             result = push.inject(graph, request.prompt, scope=scope, top_k=top_k, max_chars=max_chars,
                                  project=project, session=session)
-        stale = self.stale()
+        stale = self._stale_since(stale_before)
         if stale is not None:
             result = dataclasses.replace(result, stale=stale)
         if request.session_id and result.skipped is None:
@@ -598,11 +610,15 @@ class Service:
         if not isinstance(data, dict):
             raise InvalidInput("the import must be a JSON object (a keymem export or an upstream graph.json)")
         graph = self.ready_graph()
-        parts = self.federation.import_parts(data) if self.federation is not None else [(graph, data)]
-        results = transfer.import_parts(parts, progress=progress)
+        cut = self.federation.import_parts(data) if self.federation is not None else None
+        parts = cut.parts if cut is not None else [(graph, data)]
+        results = transfer.import_parts(parts, progress=progress, placed=cut.placed if cut is not None else None)
         for part, _ in parts:
             part.store.analyze()  # a bulk load changes what the planner should pick
         result = results[0] if len(results) == 1 else transfer.sum_results(results)
+        left_out = cut.across.report() if cut is not None else None
+        if left_out is not None:
+            result["not_imported"] = left_out
         if self.activity is not None:
             self.activity.record("import", f"imported: {json.dumps(result, ensure_ascii=False)[:IMPORT_SUMMARY_CHARS]}",
                                  {"result": result})

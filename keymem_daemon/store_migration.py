@@ -113,7 +113,7 @@ def migrate_store(settings: Settings, url: str, *, progress: Progress) -> Migrat
         embedder, _ = load_embedder_or_default(settings)
         source = MemoryGraph.over(opening.open_sqlite(settings, source_path), embedder, settings)
         try:
-            repository = opening.open_postgres(url)
+            repository = opening.open_postgres(url, settings)
             try:
                 resumed = _claim(repository, f"{socket.gethostname()}:{source_path}", where)
             except BaseException:

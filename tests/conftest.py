@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
-from pg_cluster import factories, own_pg_cluster, pg_cluster, pg_database, pg_fresh_databases  # noqa: F401 - fixtures, found by pytest through this import
+from pg_cluster import factories, own_pg_cluster, pg_cluster, pg_database, pg_fresh_databases, pg_template  # noqa: F401 - fixtures, found by pytest through this import
+from tcp_proxy import pg_proxy  # noqa: F401 - a fixture, found by pytest through this import
 
 FAST_TIER = Path(__file__).parent / "unit" / "fast"
 

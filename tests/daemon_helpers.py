@@ -6,7 +6,8 @@ deadline -- or, given ``progress``, until the work it waits for stops making pro
 with the job and with how busy the machine is. Every deadline a test sets is stated for a
 quiet machine and stretched by ``BUSY_FACTOR`` through ``scaled`` (``wait_for`` and the
 timeouts below do it themselves; ``tests/conftest.py`` does it for pytest-timeout's), so
-no test fails for lack of time on a loaded one. ``DaemonFactory`` (behind the ``daemon``
+no test fails for lack of time on a loaded one, however many pytest-xdist workers share
+its cores. ``DaemonFactory`` (behind the ``daemon``
 fixture of ``conftest.py``) runs ``python -m keymem_daemon run`` with ``HOME`` and
 ``KEYMEM_DATA_DIR`` under ``tmp_path``, waits with the CLI's own ``wait_until_ready``, and at
 teardown stops it and asserts that the process exited cleanly and ``daemon.json`` is gone.
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import filelock
 import httpx
 import pytest
 
@@ -39,12 +41,29 @@ from keymem_daemon.inference.embedders import CHECK_SUFFIX
 
 T = TypeVar("T")
 
-BUSY_FACTOR: Final = 4.0
-"""How much longer than on a quiet machine a test's work may take: the suite must pass on two
-cores while two busy loops keep both loaded (issue 20). There a test's processes (pytest,
-its daemon, the CLI or hook it runs) share the cores with the two loops, so each gets a
-third to a half of a core, and the scheduler's slices add their own delays: 4 covers it. A
-deadline is a bound for a hang, so a generous one costs nothing until something hangs."""
+LOADED_FACTOR: Final = 4.0
+"""How much longer than on a quiet machine a test's work may take when the suite runs in one
+process: it must pass on two cores while two busy loops keep both loaded (issue 20). There a
+test's processes (pytest, its daemon, the CLI or hook it runs) share the cores with the two
+loops, so each gets a third to a half of a core, and the scheduler's slices add their own
+delays: 4 covers it. A deadline is a bound for a hang, so a generous one costs nothing until
+something hangs."""
+
+
+def worker_share(workers: int, cores: int) -> float:
+    """How much less CPU a test gets when ``workers`` pytest-xdist workers run the suite on
+    ``cores`` cores with one busy loop per core (the loaded machine ``LOADED_FACTOR`` is stated
+    for): each worker's test is one of ``workers + cores`` runnable processes instead of one
+    of ``1 + cores`` -- 4/3 for two workers on two cores, 5/3 for three."""
+    return max(1.0, (workers + cores) / (1 + cores))
+
+
+BUSY_FACTOR: Final = LOADED_FACTOR * worker_share(
+    int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), os.cpu_count() or 1
+)
+"""How much longer than on a quiet machine a test's work may take here: the loaded machine's
+factor, stretched for the other workers sharing the cores (xdist tells each worker how many
+there are in ``PYTEST_XDIST_WORKER_COUNT``; a run without xdist is one worker)."""
 
 
 def scaled(seconds: float) -> float:
@@ -115,6 +134,14 @@ def log_growth(data_dir: Path) -> int:
         return (data_dir / "logs" / "daemon.log").stat().st_size
     except OSError:
         return 0
+
+
+def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of this test session's, shared by all its pytest-xdist workers (each has
+    its own base temp dir under it); the base temp dir itself without xdist. What is built
+    there once for the session is built under a ``filelock.FileLock`` beside it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -255,6 +282,20 @@ class DaemonProcess:
 
 PIECE_TABLE_GLOB: Final = "use-multilingual-v3-*.table"
 """The default embedder's 65 MB piece table, which a daemon keeps under ``<data>/models``."""
+
+
+@contextlib.contextmanager
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """Where the run keeps ``name``, something a session fixture builds once (a wheelhouse, a
+    cluster to copy), held under a lock: under pytest-xdist every worker is a session of its
+    own, so this is the directory the workers of one run share (the pattern of xdist's
+    "Making session-scoped fixtures execute only once"), else this session's. The first to
+    take the lock builds what is missing; the others wait for it and reuse it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    with filelock.FileLock(base / f"{name}.lock"):
+        yield base / name
 
 
 @functools.cache

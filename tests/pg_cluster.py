@@ -1,11 +1,14 @@
 """A throwaway PostgreSQL cluster for the team-memory tests (issue 22).
 
-``pg_cluster`` (one per test session) runs ``initdb`` and ``pg_ctl start`` from the installed
-PostgreSQL (``pg_config --bindir``, else the newest ``/usr/lib/postgresql/*/bin``) on a free
-port on 127.0.0.1, with its unix socket in the cluster's temp dir (never the system's
-/var/run/postgresql), creates the role ``keymem_owner`` with a password and the database
-``keymem`` it owns, and yields a ``PgCluster`` whose ``url`` points there. At the end it stops
-the server and removes the directory.
+``pg_cluster`` (one per test session, so one per pytest-xdist worker) runs PostgreSQL from
+the installed binaries (``pg_config --bindir``, else the newest ``/usr/lib/postgresql/*/bin``)
+on a free port on 127.0.0.1, with its unix socket in the cluster's temp dir (never the
+system's /var/run/postgresql), with the role ``keymem_owner`` and the database ``keymem`` it
+owns, and yields a ``PgCluster`` whose ``url`` points there. At the end it stops the server
+and removes the directory. A test that stops its server gets a cluster of its own
+(``own_pg_cluster``). Every cluster of a run is a copy of one template (``pg_template``:
+``initdb``, a first start that adds the owner and its database, a clean stop), made once
+for all the run's workers: copying its files costs a fraction of an ``initdb``.
 
 PostgreSQL refuses to run as root, and CI runs as root: then the cluster's files belong to an
 unprivileged OS user (Debian's ``postgres``, else ``nobody``) and ``initdb``, ``pg_ctl`` and the
@@ -25,6 +28,7 @@ import collections
 import contextlib
 import glob
 import itertools
+import json
 import os
 import pwd
 import secrets
@@ -40,7 +44,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import pytest
-from daemon_helpers import DaemonFactory, DaemonProcess
+from daemon_helpers import DaemonFactory, DaemonProcess, built_once
 
 SUPERUSER: Final = "keymem_super"
 OWNER: Final = "keymem_owner"
@@ -52,6 +56,8 @@ PORT_ATTEMPTS: Final = 5
 """A free port can be taken by another process between the probe and the server's bind."""
 # Whom the cluster runs as when the tests run as root, in order of preference.
 _UNPRIVILEGED_USERS: Final = ("postgres", "nobody")
+PASSWORDS_FILE: Final = "passwords.json"
+"""Beside a template's ``data``: the passwords of the roles its copies hold."""
 
 _counter = itertools.count(1)
 
@@ -198,6 +204,7 @@ def _run(cluster_user: pwd.struct_passwd | None, args: list[str], *, timeout: fl
 
 
 def start_cluster(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
+    """``initdb`` a new cluster, start it and add the owner role and its database."""
     # Not under pytest's tmp_path: its base directory is private to us, and the cluster's user
     # must be able to reach the directory it owns.
     root = Path(tempfile.mkdtemp(prefix="keymem-pg-"))
@@ -212,10 +219,22 @@ def start_cluster(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
                   "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8",
                   "--no-sync"], timeout=START_TIMEOUT)
     pwfile.unlink()
+    cluster = _serve(bindir, root, passwords, run_as)
+    from psycopg import sql
+
+    cluster.admin(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+        sql.Identifier(OWNER), sql.Literal(passwords[OWNER])))
+    cluster.admin(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(DATABASE), sql.Identifier(OWNER)),
+                  sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(DATABASE)))
+    return cluster
+
+
+def _serve(bindir: Path, root: Path, passwords: dict[str, str], run_as: pwd.struct_passwd | None) -> PgCluster:
+    """Start the cluster whose data directory is ``root/data`` on a free port; removes
+    ``root`` when it cannot."""
     last: RuntimeError | None = None
     for _ in range(PORT_ATTEMPTS):
-        port = _free_port()
-        cluster = PgCluster(bindir=bindir, root=root, port=port, passwords=passwords, run_as=run_as)
+        cluster = PgCluster(bindir=bindir, root=root, port=_free_port(), passwords=passwords, run_as=run_as)
         try:
             cluster.start_server()
         except RuntimeError as exc:
@@ -224,15 +243,41 @@ def start_cluster(bindir: Path, run_as: pwd.struct_passwd | None) -> PgCluster:
             if "already in use" not in log:
                 break
             continue
-        from psycopg import sql
-
-        cluster.admin(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-            sql.Identifier(OWNER), sql.Literal(passwords[OWNER])))
-        cluster.admin(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(DATABASE), sql.Identifier(OWNER)),
-                      sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(DATABASE)))
         return cluster
     shutil.rmtree(root, ignore_errors=True)
     raise last or RuntimeError("could not start PostgreSQL")
+
+
+def make_template(bindir: Path, run_as: pwd.struct_passwd | None, where: Path) -> None:
+    """A stopped cluster at ``where`` (its ``data`` and the passwords of its roles) for
+    ``copy_cluster``: ``initdb`` and the first start cost seconds on a busy machine, a copy
+    of the files a fraction of that."""
+    cluster = start_cluster(bindir, run_as)
+    try:
+        cluster.stop_server()
+        passwords = cluster.root / PASSWORDS_FILE
+        passwords.write_text(json.dumps(cluster.passwords))
+        passwords.chmod(0o600)
+        shutil.move(cluster.root, where)
+    finally:
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def copy_cluster(bindir: Path, template: Path, run_as: pwd.struct_passwd | None, *, conf: str = "") -> PgCluster:
+    """A cluster of its own, started from a copy of ``template``'s files (``make_template``):
+    the same roles, passwords and empty ``keymem`` database, on a port of its own, with the
+    lines ``conf`` added to its ``postgresql.conf`` before it starts."""
+    root = Path(tempfile.mkdtemp(prefix="keymem-pg-"))  # reachable by the cluster's user, see start_cluster
+    shutil.copytree(template / "data", root / "data", symlinks=True)
+    if conf:
+        with (root / "data" / "postgresql.conf").open("a") as settings:
+            settings.write(f"\n{conf}\n")
+    (root / "socket").mkdir()
+    if run_as is not None:
+        for path in (root, root / "socket", root / "data", *(root / "data").rglob("*")):
+            os.chown(path, run_as.pw_uid, run_as.pw_gid, follow_symlinks=False)
+    passwords: dict[str, str] = json.loads((template / PASSWORDS_FILE).read_text())
+    return _serve(bindir, root, passwords, run_as)
 
 
 def stop_cluster(cluster: PgCluster) -> None:
@@ -258,25 +303,43 @@ def _require_postgres() -> Path:
 
 
 @pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    """A running PostgreSQL cluster for this session (skips without PostgreSQL, fails in CI)."""
-    cluster = start_cluster(_require_postgres(), unprivileged_user())
+def pg_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stopped cluster every cluster of this run is copied from: made once, by the first
+    pytest-xdist worker that needs it (skips without PostgreSQL, fails in CI)."""
+    bindir = _require_postgres()
+    with built_once(tmp_path_factory, "pg-template") as template:
+        if not (template / PASSWORDS_FILE).is_file():
+            make_template(bindir, unprivileged_user(), template)
+    return template
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(pg_template: Path) -> Iterator[PgCluster]:
+    """A running PostgreSQL cluster for this session (one per pytest-xdist worker)."""
+    cluster = copy_cluster(_require_postgres(), pg_template, unprivileged_user())
     try:
         yield cluster
     finally:
         stop_cluster(cluster)
 
 
-@pytest.fixture
-def own_pg_cluster() -> Iterator[PgCluster]:
-    """A cluster of one test's own, for tests that stop and start its server."""
-    cluster = start_cluster(_require_postgres(), unprivileged_user())
+@contextlib.contextmanager
+def own_cluster(template: Path, conf: str = "") -> Iterator[PgCluster]:
+    """A running copy of ``template`` (``copy_cluster``), stopped and removed at the end."""
+    cluster = copy_cluster(_require_postgres(), template, unprivileged_user(), conf=conf)
     try:
         yield cluster
     finally:
         with contextlib.suppress(RuntimeError):  # the test may have left it stopped
             cluster.stop_server()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_pg_cluster(pg_template: Path) -> Iterator[PgCluster]:
+    """A cluster of one test's own, for tests that stop and start its server."""
+    with own_cluster(pg_template) as cluster:
+        yield cluster
 
 
 class DatabaseSupply:

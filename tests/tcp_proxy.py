@@ -15,7 +15,11 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Final
+
+import pytest
+from pg_cluster import PgCluster
 
 CHUNK: Final = 65536
 TICK: Final = 0.05
@@ -97,3 +101,11 @@ class TcpProxy:
             del self._peers[each]
             self._answered.pop(each, None)
             each.close()
+
+
+@pytest.fixture
+def pg_proxy(pg_cluster: PgCluster) -> Iterator[TcpProxy]:
+    """A proxy to the session's cluster, for one test (closed after)."""
+    made = TcpProxy(pg_cluster.port)
+    yield made
+    made.close()

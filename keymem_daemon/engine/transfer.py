@@ -21,11 +21,12 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from keymem_daemon.engine.freshness import DECAY_PROFILES
@@ -35,7 +36,7 @@ from keymem_daemon.engine.keys import KEY_TYPES, MAX_KEY_CHARS
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.engine.text import normalize, normalize_namespace
 from keymem_daemon.engine.writes.remember import MAX_STORED_SOURCE_CHARS, dedup_hash
-from keymem_daemon.errors import InvalidInput, KeymemError
+from keymem_daemon.errors import InvalidInput, KeymemError, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -394,26 +395,103 @@ def import_data(graph: MemoryGraph, data: Mapping[str, Any], *, progress: Progre
     return import_parts([(graph, data)], progress=progress)[0]
 
 
-def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, progress: Progress | None = None
-                 ) -> list[dict[str, Any]]:
-    """Import each part into its store, one transaction per store, in order: every part is
-    validated, embedded and cut before any is written, so a bad record in one changes none."""
-    report = progress or _no_progress
-    ready = [(graph, _prepare(graph, data, report)) for graph, data in parts]
-    results: list[dict[str, Any]] = []
-    try:
-        for graph, prepared in ready:
-            def write(tx: Writer, graph: MemoryGraph = graph, prepared: _Prepared = prepared) -> dict[str, Any]:
-                return _write(graph, tx, prepared.plan, prepared.key_vectors, prepared.body_vectors,
-                              prepared.fresh_tokens(graph))
+Placed = Callable[[int, InvalidInput], InvalidInput]
+"""A refusal of part ``i``'s record (``memories[3] cannot be stored``) as the place of that
+record in the file as sent, for an import cut into parts."""
 
-            results.append(graph.store.write(write))
+
+def import_parts(parts: Sequence[tuple[MemoryGraph, Mapping[str, Any]]], *, progress: Progress | None = None,
+                 placed: Placed | None = None) -> list[dict[str, Any]]:
+    """Import each part into its store as one import: every part is validated, embedded and
+    cut before any is written; then each part's transaction stays open while the parts after
+    it are written and committed, so a part its store refuses (a row-level security policy, a
+    server gone, a locked file) rolls back the ones before it. Only the first part's commit can
+    fail after a later part committed (a disk error at SQLite's COMMIT): the later parts'
+    records are then deleted again (``_undo``) and the error says so. The first part's store
+    must run its transaction once (SQLite's writer does; a retrying store goes last)."""
+    report = progress or _no_progress
+    ready = []
+    for index, (graph, data) in enumerate(parts):
+        with _in_file(placed, index):  # a vector that is not this embedder's
+            ready.append((graph, _prepare(graph, data, report)))
+    committed: list[tuple[MemoryGraph, _Written]] = []
+
+    def write_from(index: int) -> list[dict[str, Any]]:
+        graph, prepared = ready[index]
+        written = _Written()
+
+        def write(tx: Writer) -> list[dict[str, Any]]:
+            with _in_file(placed, index):
+                result = _write(graph, tx, prepared.plan, prepared.key_vectors, prepared.body_vectors,
+                                prepared.fresh_tokens(graph), written)
+            return [result, *(write_from(index + 1) if index + 1 < len(ready) else [])]
+
+        results = graph.store.write(write)
+        committed.append((graph, written))
+        return results
+
+    try:
+        results = write_from(0)
+    except BaseException as exc:
+        if not committed:
+            raise
+        raise _undone(committed, exc) from exc
     finally:
-        for graph, _ in ready[:len(results)]:
+        for graph, _ in committed:
             graph.reload_indexes()
     report("writing", 1, 1)
     logger.info("import: %s", results)
     return results
+
+
+@contextlib.contextmanager
+def _in_file(placed: Placed | None, part: int) -> Iterator[None]:
+    """A refusal of part ``part``'s record named by its place in the file (``placed``)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        if placed is None:
+            raise
+        raise placed(part, exc) from exc
+
+
+@dataclass(slots=True)
+class _Written:
+    """What one part of an import added to its store, for ``_undo``."""
+
+    memories: set[str] = field(default_factory=set)
+    keys: list[str] = field(default_factory=list)
+
+
+def _undone(committed: Sequence[tuple[MemoryGraph, _Written]], exc: BaseException) -> KeymemError:
+    """The parts of a failed import that committed, deleted again; the error to answer with."""
+    said = exc.message if isinstance(exc, KeymemError) else f"{type(exc).__name__}: {exc}"
+    for graph, written in committed:
+        try:
+            graph.store.write(functools.partial(_undo, graph, written))
+        except Exception as undo_failed:  # noqa: BLE001 - reported, with the way out
+            logger.exception("import: undoing a committed part failed")
+            return StoreError(f"the import failed ({said}) after part of it was committed, and deleting that part "
+                              f"again failed too ({undo_failed}); import the same file again to finish it (what is "
+                              "there already is skipped)")
+    logger.warning("import failed after part of it was committed; that part was deleted again: %s", said)
+    return StoreError(f"the import failed, so nothing was imported (the part already committed to another store "
+                      f"was deleted again): {said}")
+
+
+def _undo(graph: MemoryGraph, written: _Written, tx: Writer) -> None:
+    """Delete what one committed part of an import added: its memories (their links, relations
+    and index rows go with them), then the keys it created that no memory links now (another
+    writer's memory linked to one since keeps it). Aliases and alias candidates it added to
+    keys that were there before stay: they change no answer's memories."""
+    for memory_id in written.memories:
+        memory = tx.memory(memory_id)
+        if memory is not None:
+            graph.unindex(tx, memory)
+            tx.delete_memory(memory_id)
+    for key_id in written.keys:
+        if not tx.has_links(key_id):
+            tx.delete_key(key_id)
 
 
 def sum_results(results: Sequence[Mapping[str, Mapping[str, int]]]) -> dict[str, Any]:
@@ -536,14 +614,15 @@ def _counts() -> tuple[dict[str, int], dict[str, int]]:
 
 
 def _write(graph: MemoryGraph, tx: Writer, plan: _Plan, key_vectors: Mapping[str, bytes],
-           body_vectors: Mapping[str, bytes], tokens: Mapping[str, str]) -> dict[str, Any]:
+           body_vectors: Mapping[str, bytes], tokens: Mapping[str, str], written: _Written) -> dict[str, Any]:
     graph.sync_vocabulary(tx)
     key_map: dict[str, str] = {}
     imported, skipped = _counts()
     for i, k in enumerate(plan.keys):
         with _record(f"keys[{i}]"):
-            _write_key(graph, tx, k, key_vectors, key_map, imported, skipped)
-    new_memories: set[str] = set()
+            if _write_key(graph, tx, k, key_vectors, key_map, imported, skipped):
+                written.keys.append(k["id"])
+    new_memories = written.memories
     for i, m in enumerate(plan.memories):
         with _record(f"memories[{i}]"):
             _write_memory(tx, m, body_vectors, new_memories, imported, skipped)
@@ -586,7 +665,9 @@ def _index_new(graph: MemoryGraph, tx: Writer, new_memories: set[str], tokens: M
 
 
 def _write_key(graph: MemoryGraph, tx: Writer, k: Mapping[str, Any], key_vectors: Mapping[str, bytes],
-               key_map: dict[str, str], imported: dict[str, int], skipped: dict[str, int]) -> None:
+               key_map: dict[str, str], imported: dict[str, int], skipped: dict[str, int]) -> bool:
+    """Write one imported key, or map it onto the existing key of its id or text; True when it
+    is new."""
     existing = tx.key_named(k["id"], normalize(k["concept"]))
     if existing is not None:
         key_map[k["id"]] = existing
@@ -601,6 +682,7 @@ def _write_key(graph: MemoryGraph, tx: Writer, k: Mapping[str, Any], key_vectors
             continue
         tx.import_alias(key_map[k["id"]], a["alias"], normalize(a["alias"]), graph.analyzer.compact(a["alias"]),
                      learned=a["learned"], added_at=a["added_at"], hits=a["hits"])
+    return existing is None
 
 
 def _write_memory(tx: Writer, m: Mapping[str, Any], body_vectors: Mapping[str, bytes],

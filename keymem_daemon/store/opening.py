@@ -26,15 +26,19 @@ def open_sqlite(settings: Settings, path: Path | None = None) -> Store:
     return Store.open(settings.db_path if path is None else path, backup_dir=settings.backup_dir)
 
 
-def open_postgres(url: str) -> PostgresRepository:
-    """The PostgreSQL store at ``url``, its schema brought up to date."""
+def open_postgres(url: str, settings: Settings | None = None) -> PostgresRepository:
+    """The PostgreSQL store at ``url``, its schema brought up to date, its sessions' limits
+    from ``settings`` (default: the defaults)."""
     from keymem_daemon.store.postgres.repository import PostgresRepository
 
-    return PostgresRepository.open(url)
+    if settings is None:
+        return PostgresRepository.open(url)
+    return PostgresRepository.open(url, lock_timeout=settings.store_lock_timeout,
+                                   idle_timeout=settings.store_idle_timeout)
 
 
 def open_store(settings: Settings) -> Repository:
     """The store ``settings`` names: PostgreSQL at ``store_url`` when set, else SQLite."""
     if settings.store_url is not None:
-        return open_postgres(settings.store_url)
+        return open_postgres(settings.store_url, settings)
     return open_sqlite(settings)

@@ -39,7 +39,8 @@ from typing import Any, Final
 
 import mcp.types as types
 import pytest
-from daemon_helpers import live_processes, scaled
+from daemon_helpers import live_processes, scaled, session_tmp
+from filelock import FileLock
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from keymem_daemon import runtime
@@ -472,13 +473,16 @@ def offline_pip_env(wheelhouse: Path) -> dict[str, str]:
 def session_wheelhouse(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """The offline wheelhouse: in pytest's cache between runs, else once per session."""
+    """The offline wheelhouse: in pytest's cache between runs, else once per session. Built
+    once under a lock: pytest-xdist's workers share it (the others wait, then find it built)."""
     cache = getattr(request.config, "cache", None)
     if cache is not None:
-        return build_wheelhouse(Path(cache.mkdir("keymem-wheelhouse")))
-    where = tmp_path_factory.getbasetemp() / "keymem-wheelhouse"
-    where.mkdir(exist_ok=True)
-    return build_wheelhouse(where)
+        where = Path(cache.mkdir("keymem-wheelhouse"))
+    else:
+        where = session_tmp(tmp_path_factory) / "keymem-wheelhouse"
+        where.mkdir(exist_ok=True)
+    with FileLock(where / "build.lock"):
+        return build_wheelhouse(where)
 
 
 def path_without_keymem() -> str:

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import psycopg
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, wait_for
+from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, wait_for
 from pg_cluster import OWNER, PgCluster, start_on
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -255,6 +255,9 @@ def test_an_import_spanning_both_stores_puts_each_memory_in_the_store_of_its_nam
     done = _import(alice, SPANNING)
     assert done["event"] == "done", done
     assert done["result"]["imported"]["memories"] == 2 and done["result"]["imported"]["links"] == 4, done
+    # The relation between the personal and the team memory cannot be kept, and the answer says so.
+    left_out = done["result"]["not_imported"]
+    assert (left_out["relations"], left_out["supersessions"]) == (1, 0) and "team store" in left_out["why"], done
     assert _in_sqlite(alice, "mpersonal001") and not _in_postgres(pg_database, "mpersonal001")
     assert _in_postgres(pg_database, "mproject0001") and not _in_sqlite(alice, "mproject0001")
     # The shared key is in both stores, each of the others in its memory's only.
@@ -317,3 +320,80 @@ def test_a_bad_import_changes_neither_store(factories: list[DaemonFactory], tmp_
     assert alice.export() == before
     local, team = _store_counts(alice)
     assert (local["memories"], team["memories"]) == (1, 1), (local, team)
+
+
+def _memory_ids_in_postgres(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM memories")}
+
+
+def test_an_import_one_store_refuses_leaves_the_other_unchanged_too(
+        factories: list[DaemonFactory], tmp_path: Path, cli: Cli, pg_cluster: PgCluster, pg_database: str) -> None:
+    alice_role = pg_cluster.create_role("alice")
+    for grant in (("team-payments", alice_role, "--write"), ("deploy-rules", alice_role)):
+        granted = cli("team", "grant", *grant, env=isolated_env(tmp_path, KEYMEM_STORE_URL=pg_database))
+        assert granted.returncode == 0, granted.stderr
+    alice = _start(factories, tmp_path, "alice", pg_cluster.url_for(alice_role, pg_database.rsplit("/", 1)[1]))
+    before = alice.export()
+    # The team part goes to a namespace alice may only read: row-level security refuses it,
+    # and the personal part, written first, is rolled back.
+    read_only = {**SPANNING, "memories": [SPANNING["memories"][0], {**SPANNING["memories"][1],
+                                                                      "namespace": "deploy-rules"}]}
+    refused = _import(alice, read_only)
+    said = refused["error"]["message"]
+    # The error names the record's place in the file as sent (the team part's first memory).
+    assert refused["event"] == "error" and said.startswith("memories[1] cannot be stored: "), refused
+    assert "row-level security" in said, refused
+    assert not _in_sqlite(alice, "mpersonal001") and _memory_ids_in_postgres(pg_database) == set()
+    # The local file is locked by another process: the personal part cannot be written, and
+    # the team part, which the server would take, is not left behind.
+    with sqlite3.connect(alice.data_dir / "keymem.db", isolation_level=None) as other:
+        other.execute("BEGIN IMMEDIATE")
+        locked = _import(alice, SPANNING)
+        other.execute("ROLLBACK")
+    assert locked["event"] == "error" and "locked" in locked["error"]["message"], locked
+    assert not _in_sqlite(alice, "mpersonal001") and _memory_ids_in_postgres(pg_database) == set()
+    assert alice.export() == before
+    local, team = _store_counts(alice)
+    assert (local["memories"], local["keys"], team["memories"], team["keys"]) == (0, 0, 0, 0), (local, team)
+    # Once nothing stands in the way, the same file imports whole.
+    done = _import(alice, SPANNING)
+    assert done["event"] == "done" and done["result"]["imported"]["memories"] == 2, done
+    assert _in_sqlite(alice, "mpersonal001") and _memory_ids_in_postgres(pg_database) == {"mproject0001"}
+
+
+def test_a_concept_keyed_in_both_stores_is_one_key_to_the_tools(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    alice = _start(factories, tmp_path, "alice", pg_database)
+    personal = alice.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev", "vim keymap"])
+    project = alice.remember(PROJECT, ["Zebrafish-Gateway", "zebra-canary-check", "deploy"],
+                             namespace="team-payments")
+    # The rule: a key lives in every store holding a memory linked to it, each under its own id.
+    with sqlite3.connect(alice.data_dir / "keymem.db") as conn:
+        local_key = conn.execute("SELECT id FROM keys WHERE norm = 'zebrafish-gateway'").fetchone()[0]
+    with psycopg.connect(pg_database) as pg:
+        row = pg.execute("SELECT id FROM keys WHERE norm = 'zebrafish-gateway'").fetchone()
+    assert row is not None and row[0] != local_key
+    team_key = row[0]
+    # Listed once, with the memories of both.
+    browsed = alice.call("browse_keys", {"limit": 20})["result"]
+    gateway = [k for k in browsed["keys"] if k["concept"].casefold() == "zebrafish-gateway"]
+    assert len(gateway) == 1 and gateway[0]["memory_count"] == 2, browsed
+    concepts = [k["concept"].casefold() for k in browsed["keys"]]
+    assert browsed["key_count"] == len(concepts) == len(set(concepts)), browsed
+    # Recalled as one cluster, whose id leads to both memories.
+    recalled = alice.call("recall", {"query": "zebrafish-gateway"})["result"]
+    clusters = [k for k in recalled["keys"] if k["concept"].casefold() == "zebrafish-gateway"]
+    assert len(clusters) == 1 and clusters[0]["memory_count"] == 2, recalled
+    assert clusters[0]["key_id"] in {local_key, team_key}
+    for key_id in (local_key, team_key):
+        under = alice.call("read_key", {"key_id": key_id, "query": "zebrafish-gateway"})["result"]
+        assert {h["memory_id"] for h in under["memories"]} == {personal, project} and under["total"] == 2, under
+        assert under["key"]["key_id"] == key_id and under["key"]["memory_count"] == 2, under
+        # Following the key to either memory works, whichever store's id the key was shown with.
+        for memory_id in (personal, project):
+            read = alice.call("read_memory", {"memory_id": memory_id, "via_key_id": key_id})
+            assert not read["is_error"] and read["result"]["memory"]["id"] == memory_id, read
+    # Over one namespace, that namespace's store's key.
+    one = alice.call("read_key", {"key_id": local_key, "namespace": "team-payments"})["result"]
+    assert one["key"]["key_id"] == team_key and [h["memory_id"] for h in one["memories"]] == [project], one

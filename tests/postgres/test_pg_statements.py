@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_cluster import OWNER, PgCluster
+from pg_cluster import OWNER, PgCluster, own_cluster
 from tcp_proxy import TcpProxy
 
 from keymem_daemon.config import Settings
@@ -55,15 +55,13 @@ _COUNTED = "query !~ '^(BEGIN|COMMIT|ROLLBACK|SET|SAVEPOINT|RELEASE)'"
 
 
 @pytest.fixture
-def counted_cluster(own_pg_cluster: PgCluster) -> PgCluster:
-    """The test's own cluster, restarted with pg_stat_statements loaded and created in keymem."""
-    with (own_pg_cluster.data_dir / "postgresql.conf").open("a") as conf:
-        conf.write("\nshared_preload_libraries = 'pg_stat_statements'\n")
-    own_pg_cluster.stop_server()
-    own_pg_cluster.start_server()
-    with psycopg.connect(_superuser_on_keymem(own_pg_cluster), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION pg_stat_statements")
-    return own_pg_cluster
+def counted_cluster(pg_template: Path) -> Iterator[PgCluster]:
+    """A cluster of the test's own, started with pg_stat_statements loaded (set before its
+    first start: no restart) and created in keymem."""
+    with own_cluster(pg_template, "shared_preload_libraries = 'pg_stat_statements'") as cluster:
+        with psycopg.connect(_superuser_on_keymem(cluster), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+        yield cluster
 
 
 def _superuser_on_keymem(cluster: PgCluster) -> str:

@@ -44,6 +44,15 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert commands[-1] in (f"exec {tests}", tests), f".ci/run must run {tests!r}"
 
 
+def test_the_readme_names_the_pytest_command_the_test_script_runs() -> None:
+    script = (ROOT / "scripts" / "run-tests.sh").read_text(encoding="utf-8")
+    last = [line.strip() for line in script.splitlines() if line.strip() and not line.startswith("#")][-1]
+    runs = re.fullmatch(r'exec \.venv/bin/python -m (pytest.*?) "\$@"', last)
+    assert runs is not None, f"scripts/run-tests.sh must end by running pytest with its arguments: {last!r}"
+    testing = README.split("## Testing", 1)[1].split("\n## ", 1)[0]
+    assert f"`{runs[1]}`" in testing, f"README's Testing section must name the command CI runs: {runs[1]!r}"
+
+
 def test_every_route_of_the_design_exists() -> None:
     from fastapi import FastAPI
 

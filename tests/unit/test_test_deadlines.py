@@ -4,10 +4,11 @@ loaded 2-core machine and no test fails for lack of time."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
-from daemon_helpers import BUSY_FACTOR, scaled, wait_for
+from daemon_helpers import BUSY_FACTOR, LOADED_FACTOR, scaled, wait_for, worker_share
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,3 +22,13 @@ def test_wait_for_waits_the_scaled_deadline_not_the_stated_one() -> None:
     started = time.monotonic()
     # Stated 0.02 s; the answer comes after 0.05 s, within the scaled deadline (0.08 s).
     assert wait_for(lambda: time.monotonic() - started >= 0.05, 0.02, interval=0.005)
+
+
+def test_the_busy_factor_grows_with_the_xdist_workers_sharing_the_cores() -> None:
+    # One process, or as many runnable processes as a serial run on the loaded machine: as stated.
+    assert worker_share(1, 2) == 1.0
+    # Two workers on two cores, each beside a busy loop: four runnable processes, not three.
+    assert worker_share(2, 2) == pytest.approx(4 / 3)
+    assert worker_share(3, 2) == pytest.approx(5 / 3)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    assert LOADED_FACTOR * worker_share(workers, os.cpu_count() or 1) == BUSY_FACTOR

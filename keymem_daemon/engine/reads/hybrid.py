@@ -51,6 +51,7 @@ from keymem_daemon.engine.reads.signals import (
     project_task_evidence,
     relevance,
     same_episode,
+    seed_mass,
     sigmoid,
     temporal_factor,
     without_repeats,
@@ -210,14 +211,16 @@ def _score(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan, 
     # Words of a memory written in the other script can cover the query's words only
     # through its meaning; that is weighed for the memories the key path or the dense
     # channel reached (a lexical-only candidate shares the query's script already).
-    cosines = graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector]))
-    cross = {m.id: float(max(cosines[m.id])) if m.id in cosines else 0.0 for m in live
+    # As Python floats once: reading numpy scalars one by one cost more than the product.
+    cosines = {mid: pair.tolist() for mid, pair in
+               graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector])).items()}
+    cross = {m.id: max(cosines[m.id]) if m.id in cosines else 0.0 for m in live
              if cands[m.id].reached_by(_SAME_SCRIPT)}
     cover = coverage_scores(graph, reader, cue, live, link_map, cross)
     for m in live:
         c = cands[m.id]
         c.coverage = cover.get(m.id, 0.0)
-        focused, whole = (float(x) for x in cosines[m.id]) if m.id in cosines else (0.0, 0.0)
+        focused, whole = cosines.get(m.id, (0.0, 0.0))
         c.dense = focused
         # Relevance (what the push path's floor reads) takes the better of the focused and
         # the whole-query cosine: either can be the one that says "this answers it".
@@ -256,10 +259,11 @@ def _share_evidence(graph: MemoryGraph, live: Sequence[Memory], cands: Mapping[s
     for seed in seeds[:PRF_SEEDS]:
         seed_keys = link_map.get(seed.id, {})
         sharing = set().union(*(holders.get(kid, ()) for kid in seed_keys))
+        mass = seed_mass(seed_keys, weight)
         for m in live:
             if m.id == seed.id or m.id not in sharing:
                 continue
-            extra = association_bonus(cands[seed.id].score, seed_keys, link_map.get(m.id, {}), weight)
+            extra = association_bonus(cands[seed.id].score, seed_keys, link_map.get(m.id, {}), weight, mass=mass)
             if extra:
                 bonus[m.id] = max(bonus.get(m.id, 0.0), extra)
     for mid, extra in bonus.items():

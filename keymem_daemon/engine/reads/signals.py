@@ -172,10 +172,17 @@ def episode_bonus(seed_score: float) -> float:
     return EPISODE_BONUS * seed_score
 
 
+def seed_mass(seed_keys: Iterable[str], weight: Callable[[str], float]) -> float:
+    """A seed's key weight, what association_bonus shares out (1 when it has none)."""
+    return sum(weight(k) for k in seed_keys) or 1.0
+
+
 def association_bonus(seed_score: float, seed_keys: Collection[str], keys: Iterable[str],
-                      weight: Callable[[str], float]) -> float:
+                      weight: Callable[[str], float], *, mass: float | None = None) -> float:
     """What a memory sharing keys with a seed gains: PRF_WEIGHT x the seed's score x the
-    share of the seed's key weight it shares (0 when it shares none)."""
-    mass = sum(weight(k) for k in seed_keys) or 1.0
+    share of the seed's key weight (``mass``: seed_mass, given when one seed is weighed
+    against many memories) it shares (0 when it shares none)."""
+    if mass is None:
+        mass = seed_mass(seed_keys, weight)
     shared = sum(weight(k) for k in keys if k in seed_keys)
     return PRF_WEIGHT * seed_score * shared / mass if shared else 0.0

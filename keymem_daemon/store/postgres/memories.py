@@ -5,9 +5,8 @@ security narrows every statement to the namespaces the connecting role was grant
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
@@ -15,7 +14,7 @@ from psycopg.rows import dict_row
 from keymem_daemon.engine.keys import MemberState
 from keymem_daemon.engine.ports import MemoryRow, StoreCounts
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, memory_from_row
+from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, MEMORY_FIELDS, memory_from_row
 
 # A memory is active until (and including) its expiry instant, as Memory.expired says.
 ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= %s)"
@@ -47,8 +46,8 @@ def streamed(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()
 
 def memory_of_row(row: Mapping[str, Any]) -> Memory:
     """A Memory from a dict row of MEMORY_COLUMNS (SQLite's columns: the schema is the same),
-    by SQLite's own function, which reads columns by name as a dict row offers them."""
-    return memory_from_row(cast(sqlite3.Row, row))
+    by SQLite's own function, which reads them in MEMORY_COLUMNS order."""
+    return memory_from_row([row[name] for name in MEMORY_FIELDS])
 
 
 class PgMemoryRows:

@@ -513,6 +513,10 @@ class Connector:
                  on_connected: Callable[[PostgresRepository], None]) -> None:
         self._open = open_server
         self._on_connected = on_connected
+        # Why it stopped trying: the server answered and refused this daemon (a wrong
+        # password, an unknown role or database: ``PostgresRepository.open``), which trying
+        # again cannot cure.
+        self.refused: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keymem-connect", daemon=True)
 
@@ -529,9 +533,13 @@ class Connector:
             delay = min(delay * 2, MAX_RECONNECT_BACKOFF)
             try:
                 server = self._open()
-            except StoreError as exc:
+            except StoreUnavailable as exc:
                 logger.info("the store still does not answer (%s); trying again in %.1f s", exc, delay)
                 continue
+            except StoreError as exc:
+                self.refused = exc.message
+                logger.error("%s; not trying again (reads keep coming from the local replica)", exc.message)
+                return
             try:
                 self._on_connected(server)
             except StoreError as exc:

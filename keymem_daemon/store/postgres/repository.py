@@ -34,15 +34,16 @@ from typing import Any, Final, Literal, TypeVar
 
 import psycopg
 from psycopg import IsolationLevel, errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from keymem_daemon.config import describe_store_url
+from keymem_daemon.config import STORE_IDLE_TIMEOUT, STORE_LOCK_TIMEOUT, describe_store_url
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
-from keymem_daemon.store.postgres.liveness import WatchedConnection
+from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal
 from keymem_daemon.store.postgres.memories import PgMemoryRows
 from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
@@ -78,8 +79,10 @@ RECONNECT_TIMEOUT: Final = 24 * 3600.0
 # How the units begin (the pool's connections are in autocommit mode: ``_unit`` says why).
 _BEGIN_READ: Final = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _BEGIN_WRITE: Final = b"BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE"
-# SQLSTATEs after which running the unit again can succeed.
-_RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
+# SQLSTATEs after which running the unit again can succeed: a lock another session held past
+# ``lock_timeout`` (55P03) too -- the server ends a session that hangs mid-transaction.
+_RETRYABLE: Final = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation,
+                     errors.LockNotAvailable)
 
 
 def _check_if_closed(conn: psycopg.Connection[Any]) -> None:
@@ -107,6 +110,15 @@ def _drain(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> None:
             return
         except psycopg.Error:
             continue
+
+
+def _session_options(url: str, lock_timeout: float, idle_timeout: float) -> str:
+    """libpq's ``options`` for every session of the pool: ``url``'s own, then keymem's limits
+    (set at connection start: no round trip)."""
+    own = conninfo_to_dict(url).get("options") or ""
+    limits = (f"-c lock_timeout={round(lock_timeout * 1000)} "
+              f"-c idle_in_transaction_session_timeout={round(idle_timeout * 1000)}")
+    return f"{own} {limits}".strip()
 
 
 @dataclass(slots=True)
@@ -146,15 +158,20 @@ class PostgresRepository:
         self._reading = threading.local()  # ``reader``: the read unit this thread is inside
 
     @classmethod
-    def open(cls, url: str, *, pool_size: int = POOL_SIZE) -> PostgresRepository:
+    def open(cls, url: str, *, pool_size: int = POOL_SIZE, lock_timeout: float = STORE_LOCK_TIMEOUT,
+             idle_timeout: float = STORE_IDLE_TIMEOUT) -> PostgresRepository:
         """Connect, and bring the schema up to date (the first daemon of a team, as owner,
         creates it; a member finds it there). Fails with ``StoreError`` naming the server
-        (``StoreUnavailable`` when it does not answer)."""
+        (``StoreUnavailable`` when it does not answer). Every session waits at most
+        ``lock_timeout`` s for a lock, and the server ends it once it sits ``idle_timeout`` s
+        idle inside a transaction (``KEYMEM_STORE_LOCK_TIMEOUT``, ``KEYMEM_STORE_IDLE_TIMEOUT``)."""
         where = describe_store_url(url)
+        # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
+        kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS,
+                                  "options": _session_options(url, lock_timeout, idle_timeout)}
+        found = cls._prepare(url, where, kwargs)
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False,
-            # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
-            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS}, name="keymem",
+            url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False, kwargs=kwargs, name="keymem",
             # A request the server stops answering ends (liveness.py): the shim never hangs on it.
             connection_class=WatchedConnection,
             # After the server restarts, the first unit gets a new connection instead of
@@ -164,24 +181,46 @@ class PostgresRepository:
             reconnect_timeout=RECONNECT_TIMEOUT)
         try:
             pool.open(wait=True, timeout=POOL_TIMEOUT)
-            with pool.connection() as conn:
-                found = schema.schema_version(conn)
-                conn.commit()
-                schema.migrate(conn, where=where)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             pool.close()
             raise StoreUnavailable(f"cannot reach the store at {where}: {str(exc).strip()}") from None
-        except psycopg.errors.InsufficientPrivilege as exc:
-            pool.close()
-            raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
-                             f"not change it ({str(exc).strip()}); ask the database owner to run keymem once"
-                             ) from None
         except BaseException:
             pool.close()
             raise
         repository = cls(url, pool)
         repository.found = "missing" if found == 0 else "store"
         return repository
+
+    @staticmethod
+    def _prepare(url: str, where: str, kwargs: dict[str, Any]) -> int:
+        """On one connection of its own (before the pool's, which would retry a refusal in the
+        background for ``POOL_TIMEOUT`` and log each try): the schema version found, after
+        bringing the schema up to date. A server that refuses this daemon -- a wrong password,
+        an unknown role or database, no CONNECT privilege (``liveness.refusal``) -- raises
+        ``StoreError`` at once, which nobody retries; one that does not answer,
+        ``StoreUnavailable``."""
+        try:
+            with WatchedConnection.connect(url, **kwargs) as conn:
+                found = schema.schema_version(conn)
+                conn.commit()
+                schema.migrate(conn, where=where)
+                return found
+        except psycopg.errors.LockNotAvailable as exc:
+            raise StoreUnavailable(f"the store at {where} did not let this daemon bring its schema up to date: "
+                                   f"{str(exc).strip()} (another session holds keymem's tables); tried again"
+                                   ) from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise StoreError(f"{where}: keymem's schema is missing or older than this keymem, and this role may "
+                             f"not change it ({str(exc).strip()}); ask the database owner to run keymem once"
+                             ) from None
+        except psycopg.Error as exc:
+            reason = refusal(exc)
+            if reason is not None:
+                raise StoreError(f"the store at {where} refuses this daemon: {reason}; fix KEYMEM_STORE_URL (or "
+                                 "the role's password or grants) -- keymemd does not retry this") from None
+            if isinstance(exc, psycopg.OperationalError):
+                raise StoreUnavailable(f"cannot reach the store at {where}: {str(exc).strip()}") from None
+            raise
 
     # -- units of work ----------------------------------------------------------------------
 
@@ -278,6 +317,11 @@ class PostgresRepository:
                     writer, result = self._unit(conn, _BEGIN_WRITE, run)
             except _RETRYABLE as exc:
                 if time.monotonic() - started >= WRITE_RETRY_BUDGET:
+                    if isinstance(exc, errors.LockNotAvailable):
+                        raise Conflict(f"the store at {self.where} kept the rows this write changes locked for "
+                                       f"{WRITE_RETRY_BUDGET:g} s: another session holds them (the server ends one "
+                                       "that hangs mid-transaction after KEYMEM_STORE_IDLE_TIMEOUT); nothing was "
+                                       "written, try again") from None
                     raise Conflict(f"the store at {self.where} refused the write {attempt} times in "
                                    f"{WRITE_RETRY_BUDGET:g} s for concurrent writes ({exc.sqlstate}); try again"
                                    ) from None

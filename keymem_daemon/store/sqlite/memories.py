@@ -17,6 +17,7 @@ MEMORY_COLUMNS: Final = (
     "observed_at, last_confirmed_at, confirmation_count, decay_profile, last_confirmation_evidence, "
     "last_confirmation_source, last_confirmation_id, expires_at, supersedes, superseded_by, source"
 )
+MEMORY_FIELDS: Final = tuple(name.strip() for name in MEMORY_COLUMNS.split(","))
 # A memory is active until (and including) its expiry instant, as Memory.expired says.
 ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= ?)"
 
@@ -28,28 +29,34 @@ def _json_or_none(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def memory_from_row(row: sqlite3.Row) -> Memory:
+def memory_from_row(row: Sequence[Any]) -> Memory:
+    """A Memory from a row of MEMORY_COLUMNS, read by position: by name (``row["id"]``) a
+    ``sqlite3.Row`` compares the wanted name with each column's, which cost the push path more
+    than the query itself for its ~150 candidates (10k store: 9 ms against 4 ms on a loaded machine)."""
+    (rowid, memory_id, content, namespace, depth, access_count, created_at, updated_at, last_accessed, observed_at,
+     last_confirmed_at, confirmation_count, decay_profile, evidence, evidence_source, confirmation_id, expires_at,
+     supersedes, superseded_by, source) = row
     return Memory(
-        rowid=row["rowid"],
-        id=row["id"],
-        content=row["content"],
-        namespace=row["namespace"],
-        depth=row["depth"],
-        access_count=row["access_count"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        last_accessed=row["last_accessed"],
-        observed_at=row["observed_at"],
-        last_confirmed_at=row["last_confirmed_at"],
-        confirmation_count=row["confirmation_count"],
-        decay_profile=row["decay_profile"],
-        last_confirmation_evidence=row["last_confirmation_evidence"],
-        last_confirmation_source=_json_or_none(row["last_confirmation_source"]),
-        last_confirmation_id=row["last_confirmation_id"],
-        expires_at=row["expires_at"],
-        supersedes=row["supersedes"],
-        superseded_by=row["superseded_by"],
-        source=_json_or_none(row["source"]),
+        rowid=rowid,
+        id=memory_id,
+        content=content,
+        namespace=namespace,
+        depth=depth,
+        access_count=access_count,
+        created_at=created_at,
+        updated_at=updated_at,
+        last_accessed=last_accessed,
+        observed_at=observed_at,
+        last_confirmed_at=last_confirmed_at,
+        confirmation_count=confirmation_count,
+        decay_profile=decay_profile,
+        last_confirmation_evidence=evidence,
+        last_confirmation_source=_json_or_none(evidence_source),
+        last_confirmation_id=confirmation_id,
+        expires_at=expires_at,
+        supersedes=supersedes,
+        superseded_by=superseded_by,
+        source=_json_or_none(source),
     )
 
 
@@ -59,7 +66,7 @@ def get_memory(conn: sqlite3.Connection, memory_id: str) -> Memory | None:
 
 
 def get_memories(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Memory]:
-    return {row["id"]: memory_from_row(row) for row in rows_in(
+    return {row[1]: memory_from_row(row) for row in rows_in(
         conn, f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id IN ({{marks}})", list(dict.fromkeys(ids)))}
 
 

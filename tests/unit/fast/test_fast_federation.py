@@ -5,18 +5,20 @@ test_federation.py`` runs), routed and merged through the tool layer as the daem
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from engine_helpers import FakeClock, open_graph
 from fakes import InMemoryRepository
 
 from keymem_daemon.config import Settings
+from keymem_daemon.engine import transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.text import Analyzer
 from keymem_daemon.engine.writes.remember import Host
+from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.federation import ROUTES, Federation, NamespaceRouter
 from keymem_daemon.inference.embedders import Embedder
 from keymem_daemon.mcp import tools
@@ -24,6 +26,7 @@ from keymem_daemon.mcp import tools
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 HOST = Host()
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -91,13 +94,16 @@ def test_reads_over_every_namespace_merge_both_stores(federation: Federation, cl
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
     recalled = ok(federation, "recall", {"query": "orchid", "top_k": 2})
     assert recalled["status"] == "found" and len(recalled["keys"]) == 2 and len(recalled["memories"]) == 1
-    assert {k["key_id"] for k in recalled["keys"]} == {federation.local.keys.by_norm("orchid"),
-                                                       federation.team.keys.by_norm("orchid")}
+    # The concept both stores hold a key for is one cluster, with the memories of both.
+    orchid = [k for k in recalled["keys"] if k["concept"] == "orchid"]
+    assert len(orchid) == 1 and orchid[0]["memory_count"] == 6, recalled["keys"]
+    assert orchid[0]["key_id"] in {federation.local.keys.by_norm("orchid"), federation.team.keys.by_norm("orchid")}
     listed = ok(federation, "list_memories", {"limit": 4, "offset": 1})
     assert [m["id"] for m in listed["memories"]] == ids[1:5] and listed["total"] == 6 and listed["next_offset"] == 5
     browsed = ok(federation, "browse_keys", {"limit": 3})
-    assert browsed["key_count"] == 8 and len(browsed["keys"]) == 3 and browsed["next_offset"] == 3
-    assert [k["concept"] for k in browsed["keys"]][:2] == ["orchid", "orchid"]
+    assert browsed["key_count"] == 7 and len(browsed["keys"]) == 3 and browsed["next_offset"] == 3
+    assert [k["concept"] for k in browsed["keys"]] == ["orchid", "bed 0", "bed 1"]
+    assert browsed["keys"][0]["memory_count"] == 6
     stats = ok(federation, "memory_stats", {})
     assert stats["memories"] == 6 and stats["namespaces"] == {"default": 3, "team-garden": 3}
     one = ok(federation, "list_memories", {"namespace": "team-garden"})
@@ -134,3 +140,87 @@ def test_the_push_path_surfaces_from_both_stores_within_top_k(federation: Federa
     local_only = federation.inject(prompt, scope=frozenset({"default"}), top_k=2, max_chars=2000,
                                    project=frozenset(), session=None)
     assert [m.id for m in local_only.memories] == [mine]
+
+
+def test_a_concept_keyed_in_both_stores_reads_as_one_key(federation: Federation) -> None:
+    mine = ok(federation, "remember", {"content": "My orchid needs water on sundays", "keys": ["orchid"]})["saved"]
+    ours = ok(federation, "remember", {"content": "The office orchid is watered by the front desk",
+                                       "keys": ["Orchid"], "namespace": "team-office"})["saved"]
+    local_key, team_key = federation.local.keys.by_norm("orchid"), federation.team.keys.by_norm("orchid")
+    assert local_key is not None and team_key is not None and local_key != team_key
+    for key_id in (local_key, team_key):
+        under = ok(federation, "read_key", {"key_id": key_id, "query": "orchid"})
+        assert {h["memory_id"] for h in under["memories"]} == {mine, ours} and under["total"] == 2, under
+        assert under["key"]["key_id"] == key_id and under["key"]["memory_count"] == 2
+        paged = ok(federation, "read_key", {"key_id": key_id, "limit": 1, "offset": 1})
+        assert len(paged["memories"]) == 1 and paged["next_offset"] is None
+        for memory_id in (mine, ours):
+            assert ok(federation, "read_memory", {"memory_id": memory_id, "via_key_id": key_id})["memory"]["id"] \
+                == memory_id
+    dismissed = ok(federation, "dismiss", {"memory_id": ours, "key_id": local_key})
+    assert dismissed["key_id"] == team_key
+    one = ok(federation, "read_key", {"key_id": team_key, "namespace": "default"})
+    assert one["key"]["key_id"] == local_key and [h["memory_id"] for h in one["memories"]] == [mine]
+
+
+def test_an_import_cut_by_store_counts_what_joins_them_and_names_records_as_sent(federation: Federation) -> None:
+    memories = [{"id": f"m{i:011d}", "content": f"fact {i}", "namespace": ns}
+                for i, ns in enumerate(["default", "team-a", "default", "team-a"])]
+    memories[2]["superseded_by"], memories[3]["supersedes"] = memories[3]["id"], memories[2]["id"]
+    cut = federation.import_parts({
+        "format": "keymem-export", "version": 1, "keys": [], "memories": memories, "links": [],
+        "relations": [{"from": memories[0]["id"], "to": memories[1]["id"]},
+                      {"from": memories[1]["id"], "to": memories[3]["id"]}]})
+    assert [graph is federation.local for graph, _ in cut.parts] == [True, False]  # the local part first
+    assert (cut.across.relations, cut.across.supersessions) == (1, 1)
+    report = cut.across.report()
+    assert report is not None and report["relations"] == 1 and "team store" in report["why"]
+    assert [r["from"] for r in cut.parts[1][1]["relations"]] == [memories[1]["id"]]
+    placed = cut.placed(1, InvalidInput("memories[1] cannot be stored: refused", field="memories[1]"))
+    assert (placed.message, placed.field) == ("memories[3] cannot be stored: refused", "memories[3]")
+
+
+class CommitFails(InMemoryRepository):
+    """A store whose commits fail after their transaction ran (a disk error at COMMIT), once
+    ``failing`` is set."""
+
+    failing = False
+
+    def write(self, fn: Callable[[Any], T]) -> T:
+        if not self.failing:
+            return super().write(fn)
+
+        def then_fail(tx: Any) -> T:
+            fn(tx)
+            raise StoreError("the store refused the write: disk I/O error")
+
+        return super().write(then_fail)
+
+
+def test_a_part_whose_commit_fails_after_the_next_part_committed_has_that_part_deleted_again(
+        federation: Federation, embedder: Embedder, analyzer: Analyzer, clock: FakeClock) -> None:
+    local = federation.local
+    kept = ok(federation, "remember", {"content": "My orchid needs water on sundays", "keys": ["orchid"]})["saved"]
+    before = transfer.export(local)
+    store = CommitFails()
+    failing = MemoryGraph.over(store, embedder, federation.settings,  # type: ignore[arg-type]
+                               clock=clock, analyzer=analyzer)
+    store.failing = True
+    first = {"format": "keymem-export", "version": 1, "keys": [{"id": "kfirst000001", "concept": "fern"}],
+             "memories": [{"id": "mfirst000001", "content": "the fern stays in the shade"}],
+             "links": [{"key_id": "kfirst000001", "memory_id": "mfirst000001"}]}
+    second = {"format": "keymem-export", "version": 1,
+              "keys": [{"id": "korchid00001", "concept": "Orchid"}, {"id": "ktulip000001", "concept": "tulip"}],
+              "memories": [{"id": "msecond00001", "content": "the tulips bloom in april beside the orchid"}],
+              "links": [{"key_id": "korchid00001", "memory_id": "msecond00001"},
+                        {"key_id": "ktulip000001", "memory_id": "msecond00001"}],
+              "relations": []}
+    with pytest.raises(StoreError) as refused:
+        transfer.import_parts([(failing, first), (local, second)])
+    assert "nothing was imported" in refused.value.message and "disk I/O error" in refused.value.message
+    # The SQLite part had committed: its memory and its new key are gone, the key it shared
+    # with a memory already there stays, and the store's export is as it was.
+    assert transfer.export(local) == before
+    assert local.keys.by_norm("tulip") is None and local.keys.by_norm("orchid") is not None
+    assert ok(federation, "recall_memories", {"query": "tulips april orchid", "reinforce": False})[0]["id"] == kept
+    failing.close()
