@@ -274,17 +274,19 @@ class GraphIndexes:
             everything = removals
             bodies: list[tuple[str, npt.NDArray[np.float32] | None, str]] = []
             states: dict[str, MemberState | None] = {}
+            rows = reader.memory_states(memory_ids)
             for memory_id in memory_ids:
-                try:
-                    blob, namespace = reader.memory_vector(memory_id)
-                except KeyError:
+                if memory_id not in rows:
                     bodies.append((memory_id, None, ""))
                     everything = True  # deleted since: its keys are unknown
                     continue
-                current = reader.is_current(memory_id) and blob is not None and vector_problem(blob, dim) is None
-                bodies.append((memory_id, vector_from(blob) if current and blob is not None else None, namespace))
-                key_ids.update(reader.key_ids_of(memory_id))
-                states[memory_id] = reader.member_state(memory_id)
+                blob, linked, state = rows[memory_id]
+                # Current (not superseded) with a vector of the right size: served.
+                current = state is not None and blob is not None and vector_problem(blob, dim) is None
+                bodies.append((memory_id, vector_from(blob) if current and blob is not None else None,
+                               state.namespace if state is not None else ""))
+                key_ids.update(linked)
+                states[memory_id] = state
             stored = reader.key_rows(sorted(key_ids))
             keys: list[tuple[str, KeyInfo | None, bytes | None]] = [
                 (key_id, *stored.get(key_id, (None, None))) for key_id in sorted(key_ids)]

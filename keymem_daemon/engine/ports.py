@@ -119,6 +119,11 @@ class MemoryReads(Protocol):
     def memory_vector(self, memory_id: str) -> tuple[bytes | None, str]:
         """The stored vector and namespace of an existing memory."""
 
+    def memory_states(self, memory_ids: Sequence[str]) -> dict[str, tuple[bytes | None, list[str], MemberState | None]]:
+        """Each stored memory of ``memory_ids`` (a deleted one is left out): its vector, the
+        keys it is linked to (key order) and its ``member_state`` (None: superseded), for a
+        daemon following another's writes, in one read."""
+
     def idempotent_result(self, key: str) -> tuple[dict[str, Any], str | None] | None:
         """The answer recorded under an Idempotency-Key and the request's fingerprint."""
 

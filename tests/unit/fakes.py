@@ -314,6 +314,10 @@ class InMemoryReader:
         stored = self._tables.memories[memory_id]
         return stored.vector, stored.memory.namespace
 
+    def memory_states(self, memory_ids: Sequence[str]) -> dict[str, tuple[bytes | None, list[str], MemberState | None]]:
+        return {mid: (self._tables.memories[mid].vector, [kid for kid, _, _ in self._links_of_memory(mid)],
+                      self.member_state(mid)) for mid in dict.fromkeys(memory_ids) if mid in self._tables.memories}
+
     def idempotent_result(self, key: str) -> tuple[dict[str, Any], str | None] | None:
         row = self._tables.idempotency.get(key)
         return None if row is None else (json.loads(row[0]), row[2])

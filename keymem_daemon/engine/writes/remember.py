@@ -363,7 +363,8 @@ class Remembering(Browsing):
             id=memory_id, content=request.content, dedup_hash=digest, namespace=request.namespace, at=now,
             observed_at=request.observed_at, decay_profile=request.decay_profile, source=source,
             expires_at=expires, vector=vector_bytes(vectors.body)))
-        refs = self.link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch)
+        refs = self.link_keys(writer, memory_id, request.keys, request.key_types, vectors.keys, batch=batch,
+                              fresh=True)
         # A new memory counts from nothing to what was just written (``counting`` would read
         # both states back: on a shared store, a read of the links every other write conflicts with).
         state = MemberState(request.namespace, tuple(sorted({ref.key_id for ref in refs})), expires)
@@ -385,10 +386,10 @@ class Remembering(Browsing):
 
     def link_keys(self, writer: Writer, memory_id: str, keys: Sequence[str], key_types: Mapping[str, KeyType],
                    vectors: Mapping[str, npt.NDArray[np.float32]], weight: float = LINK_DEFAULT,
-                   auto: bool = False, batch: BatchKeys | None = None) -> list[KeyRef]:
+                   auto: bool = False, batch: BatchKeys | None = None, fresh: bool = False) -> list[KeyRef]:
         """Resolve each key (reuse, merge or create) and link it to the memory. ``batch``:
         the keys earlier writes of the same transaction resolved, which the index does not
-        hold before COMMIT."""
+        hold before COMMIT; ``fresh``: the memory was inserted in this transaction."""
         batch = batch if batch is not None else BatchKeys()
         pending = batch.pending
         touched: set[str] = set()
@@ -455,7 +456,13 @@ class Remembering(Browsing):
             batch.by_norm[normalize(key)] = key_id
             if key_id not in linked:
                 linked.append(key_id)
-        new_links = writer.link_all(linked, memory_id, weight, auto)
+        if fresh:
+            # A memory inserted in this transaction has no links yet: every one is new, and the
+            # store is not asked which (on a server the links go out with the next read).
+            writer.add_links([(kid, memory_id, weight, auto) for kid in linked])
+            new_links = linked
+        else:
+            new_links = writer.link_all(linked, memory_id, weight, auto)
         read_back = writer.key_rows(sorted(touched - created.keys())) if touched - created.keys() else {}
         infos = {kid: created[kid] if kid in created else read_back[kid][0] for kid in touched}
         vectors_of = {p.id: p.vector for p in pending}

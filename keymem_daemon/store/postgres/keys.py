@@ -274,9 +274,13 @@ class PgKeyRows:
             "ON CONFLICT DO NOTHING RETURNING key_id", (memory_id, weight, int(auto), list(dict.fromkeys(key_ids))))]
 
     def add_links(self, links: Sequence[tuple[str, str, float, bool]]) -> None:
-        self._conn.cursor().executemany(
-            "INSERT INTO links(key_id, memory_id, weight, auto) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            [(k, m, w, int(a)) for k, m, w, a in links])
+        # One statement whose result is not read: it goes out with the unit's next one.
+        if links:
+            self._conn.execute(
+                "INSERT INTO links(key_id, memory_id, weight, auto) SELECT * FROM unnest(%s::text[], %s::text[], "
+                "%s::float8[], %s::int[]) ON CONFLICT DO NOTHING",
+                ([k for k, _, _, _ in links], [m for _, m, _, _ in links], [float(w) for _, _, w, _ in links],
+                 [int(a) for _, _, _, a in links]))
 
     def set_link_weight(self, key_id: str, memory_id: str, weight: float) -> None:
         self._conn.execute("UPDATE links SET weight = %s WHERE key_id = %s AND memory_id = %s",

@@ -167,6 +167,15 @@ class PgMemoryRows:
             raise KeyError(memory_id)
         return row[0], row[1]
 
+    def memory_states(self, memory_ids: Sequence[str]) -> dict[str, tuple[bytes | None, list[str], MemberState | None]]:
+        # Its keys in key order, as SQLite's index on links(memory_id, key_id) hands them out.
+        rows = self._conn.execute(
+            "SELECT id, vector, namespace, expires_at, superseded_by, ARRAY(SELECT l.key_id FROM links l "
+            "WHERE l.memory_id = m.id ORDER BY l.key_id) FROM memories m WHERE id = ANY(%s)",
+            (list(dict.fromkeys(memory_ids)),))
+        return {r[0]: (r[1], list(r[5]), None if r[4] is not None else MemberState(r[2], tuple(r[5]), r[3]))
+                for r in rows}
+
     def idempotent_result(self, key: str) -> tuple[dict[str, Any], str | None] | None:
         # Per role: row-level security shows only the connecting role's records.
         row = self._conn.execute("SELECT result, fingerprint FROM idempotency WHERE key = %s", (key,)).fetchone()

@@ -190,6 +190,15 @@ class MemoryRows:
         row = self._conn.execute("SELECT vector, namespace FROM memories WHERE id = ?", (memory_id,)).fetchone()
         return row["vector"], row["namespace"]
 
+    def memory_states(self, memory_ids: Sequence[str]) -> dict[str, tuple[bytes | None, list[str], MemberState | None]]:
+        out: dict[str, tuple[bytes | None, list[str], MemberState | None]] = {}
+        for memory_id in dict.fromkeys(memory_ids):
+            row = self._conn.execute("SELECT vector FROM memories WHERE id = ?", (memory_id,)).fetchone()
+            if row is not None:
+                keys = [r[0] for r in self._conn.execute("SELECT key_id FROM links WHERE memory_id = ?", (memory_id,))]
+                out[memory_id] = row["vector"], keys, self.member_state(memory_id)
+        return out
+
     def idempotent_result(self, key: str) -> tuple[dict[str, Any], str | None] | None:
         row = self._conn.execute("SELECT result, fingerprint FROM idempotency WHERE key = ?", (key,)).fetchone()
         return None if row is None else (json.loads(row[0]), row[1])
