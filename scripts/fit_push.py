@@ -114,8 +114,9 @@ def fit(rows: Sequence[dict[str, Any]]) -> tuple[list[float], float]:
 def residual(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the task model learns from: each prompt's best TASK_POOL candidates that the
     question gate does not already take (those it takes need no second opinion)."""
-    relevance = push.FEATURES.index("relevance")
-    return [{**r, "cands": [c for c in r["cands"][:TASK_POOL] if c["x"][relevance] < push.QUESTION_FLOOR]}
+    relevance, unanchored = push.FEATURES.index("relevance"), push.FEATURES.index("unanchored")
+    return [{**r, "cands": [c for c in r["cands"][:TASK_POOL]
+                            if c["x"][relevance] < push.QUESTION_FLOOR or c["x"][unanchored]]}
             for r in rows]
 
 

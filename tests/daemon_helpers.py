@@ -286,14 +286,10 @@ PIECE_TABLE_GLOB: Final = "use-multilingual-v3-*.table"
 
 @contextlib.contextmanager
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
-    """Where the run keeps ``name``, something a session fixture builds once (a wheelhouse, a
-    cluster to copy), held under a lock: under pytest-xdist every worker is a session of its
-    own, so this is the directory the workers of one run share (the pattern of xdist's
-    "Making session-scoped fixtures execute only once"), else this session's. The first to
-    take the lock builds what is missing; the others wait for it and reuse it."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
+    """``session_tmp``'s ``name``, for something a session fixture builds once (the cluster
+    every cluster of the run copies), held under a lock beside it: the first worker to take
+    it builds what is missing; the others wait for it and reuse it."""
+    base = session_tmp(tmp_path_factory)
     with filelock.FileLock(base / f"{name}.lock"):
         yield base / name
 

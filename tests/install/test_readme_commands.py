@@ -41,7 +41,9 @@ def test_the_readme_command_sets_up_and_starts_keymem_from_a_clean_copy(tmp_path
         "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin",
         "KEYMEM_RERANK": "false",
         "HF_HUB_OFFLINE": "1",
-        **offline_pip_env(wheelhouse),
+        # README's `keymemd start` waits its default 20 s: the modules compiled at install,
+        # as pip does by default, not at the daemon's first start.
+        **offline_pip_env(wheelhouse, compile_modules=True),
     }
     data = home / ".keymem"
     try:

@@ -1209,3 +1209,46 @@ def test_a_50000_character_stack_trace_surfaces_the_memory_about_its_error_withi
     assert context is not None, f"nothing surfaced: {run.outcome}"
     assert tasks.ids["kafka"] in context
     assert "kafkajsnumberofretriesexceeded" in surfaced_line(context, tasks.ids["kafka"]).casefold()
+
+
+# -- the push set's store: prompts that name none of a memory's words -------------------------
+
+PUSH_FIXTURES: Final = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def push_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    """One daemon holding tests/fixtures/push_memories.jsonl, each project's checkout mapped to
+    its namespace as push_projects.jsonl says."""
+    root = tmp_path_factory.mktemp("push-store")
+    factory = DaemonFactory(root)
+    try:
+        daemon = factory.start()
+        ids = {}
+        for line in (PUSH_FIXTURES / "push_memories.jsonl").read_text(encoding="utf-8").splitlines():
+            m = json.loads(line)
+            ids[m["id"]] = daemon.remember(m["content"], m["keys"], key_types=m["key_types"],
+                                           namespace=m["namespace"])
+        mapping = {}
+        for line in (PUSH_FIXTURES / "push_projects.jsonl").read_text(encoding="utf-8").splitlines():
+            project = json.loads(line)
+            (root / project["namespace"]).mkdir()
+            mapping[str(root / project["namespace"])] = [project["namespace"]]
+        (daemon.data_dir / "namespaces.json").write_text(json.dumps(mapping), encoding="utf-8")
+        yield Seeded(daemon, root, ids)
+    finally:
+        factory.teardown()
+
+
+def test_a_task_reaching_a_memory_only_by_its_words_surfaces_it(push_store: Seeded) -> None:
+    # "cert" and "sandbox" are words of the Warelink truststore memory, none of its keys: only
+    # BM25 finds it, and the gate now judges such candidates instead of dropping them.
+    run = push_store.ask("java won't trust the vendor sandbox's https cert", cwd=push_store.root / "invsync")
+    context = run.context()
+    assert context is not None, f"nothing surfaced: {run.outcome}"
+    assert push_store.ids["m075"] in context
+
+
+def test_a_general_question_in_a_project_stays_silent(push_store: Seeded) -> None:
+    run = push_store.ask("regex to match an email address", cwd=push_store.root / "invsync")
+    assert run.stdout == "", f"surfaced for an unrelated prompt: {run.context()}"

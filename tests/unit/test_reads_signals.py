@@ -66,6 +66,16 @@ def test_association_bonus_is_the_share_of_the_seeds_key_weight_shared() -> None
     assert signals.episode_bonus(2.0) == pytest.approx(signals.EPISODE_BONUS * 2.0)
 
 
+def test_a_seeds_key_weight_summed_once_gives_the_same_bonus_to_every_memory() -> None:
+    weight = {"a": 3.0, "b": 1.0, "c": 5.0}.__getitem__
+    mass = signals.seed_mass(["a", "b"], weight)
+    assert mass == 4.0
+    assert signals.seed_mass([], weight) == 1.0
+    for keys in (["b", "c"], ["a"], ["a", "b"], ["c"]):
+        assert signals.association_bonus(2.0, ["a", "b"], keys, weight, mass=mass) == \
+            signals.association_bonus(2.0, ["a", "b"], keys, weight)
+
+
 def test_memories_of_one_sitting_in_one_namespace_are_one_episode() -> None:
     a = _memory("a", observed_at=10_000.0)
     assert signals.same_episode(a, _memory("b", observed_at=10_000.0 + signals.EPISODE_GAP))
