@@ -16,7 +16,7 @@ session that sits idle inside a transaction (``idle_in_transaction_session_timeo
 every session: ``KEYMEM_STORE_IDLE_TIMEOUT``) -- but only once it told the client it is ready
 for the next command, which in pipeline mode (store/postgres/pipeline.py) is after a Sync, not
 after psycopg's flush request for a result it reads. ``SyncingCursor`` (the cursors of every
-``WatchedConnection``) therefore reads a result in pipeline mode by syncing the pipeline: the
+``WatchedConnection``) therefore reads a result in a write unit (``syncing``) by syncing the pipeline: the
 same one round trip, and the server is "idle in transaction" whenever it waits for the daemon.
 
 Not every failure to connect is worth trying again. ``refusal`` tells a server that answered
@@ -77,7 +77,7 @@ class SyncingCursor(psycopg.Cursor[Any]):
 
     def _fetch_pipeline(self) -> None:
         connection = self.connection
-        pipeline = connection.in_pipeline if isinstance(connection, WatchedConnection) else None
+        pipeline = connection.in_pipeline if isinstance(connection, WatchedConnection) and connection.syncs else None
         if self._execmany_returning is not False and not self.pgresult and pipeline is not None:
             pipeline.sync()
         else:
@@ -95,6 +95,9 @@ class WatchedConnection(psycopg.Connection[Any]):
         self.cursor_factory = SyncingCursor
         self.in_pipeline: psycopg.Pipeline | None = None
         """The pipeline open on this connection (``pipeline``), if any."""
+        self.syncs = False
+        """Whether its cursors read by syncing now (``syncing``: the write units, which hold
+        row locks; a read unit holds none and keeps psycopg's flush)."""
 
     @contextlib.contextmanager
     def pipeline(self) -> Iterator[psycopg.Pipeline]:
@@ -140,3 +143,16 @@ def refusal(exc: psycopg.Error) -> str | None:
         return None
     # libpq's "connection to server at ... failed: FATAL:  <reason>": the reason is what helps.
     return " ".join(text.rpartition("FATAL:")[2].split()) or text
+
+
+@contextlib.contextmanager
+def syncing(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Inside the block, ``conn``'s cursors read in pipeline mode by syncing (``SyncingCursor``)."""
+    if not isinstance(conn, WatchedConnection):
+        yield
+        return
+    conn.syncs = True
+    try:
+        yield
+    finally:
+        conn.syncs = False

@@ -43,7 +43,7 @@ from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
-from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal
+from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal, syncing
 from keymem_daemon.store.postgres.memories import PgMemoryRows
 from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
@@ -314,7 +314,8 @@ class PostgresRepository:
                         committing = True  # what fails now is the COMMIT (and what was queued with it)
                         return writer, result
 
-                    writer, result = self._unit(conn, _BEGIN_WRITE, run)
+                    with syncing(conn):  # a write holds row locks: liveness.SyncingCursor
+                        writer, result = self._unit(conn, _BEGIN_WRITE, run)
             except _RETRYABLE as exc:
                 if time.monotonic() - started >= WRITE_RETRY_BUDGET:
                     if isinstance(exc, errors.LockNotAvailable):
