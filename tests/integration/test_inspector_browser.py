@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from daemon_helpers import DaemonProcess
+from daemon_helpers import DaemonProcess, scaled
 from test_hook_push import claude_payload, run_hook
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -24,8 +24,9 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 CHROMIUM: Final = Path("/usr/bin/chromium")
 CHROMIUM_ARGS: Final = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-UI_TIMEOUT_MS: Final = 30_000
-"""Each page wait: a recall and a render take milliseconds, a loaded 2-core machine far more."""
+UI_TIMEOUT_MS: Final = scaled(30) * 1000
+"""Each page wait: a recall and a render take milliseconds, a loaded 2-core machine far more
+(scaled like every other deadline: it grows with the load and the xdist workers)."""
 WIDE: Final = {"width": 1280, "height": 800}
 NARROW: Final = {"width": 420, "height": 820}
 
