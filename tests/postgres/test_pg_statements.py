@@ -8,6 +8,7 @@ machine every round trip costs milliseconds, so all are bounded. The engine is t
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,16 @@ def _round_trips(proxy: TcpProxy, action: Callable[[], object]) -> int:
     return proxy.round_trips - before
 
 
+def _typical(trips: list[int]) -> int:
+    """The round trips of most runs of one action. The proxy counts a trip whenever the client
+    sends after the server answered, so on a loaded machine a pipelined message the client
+    wrote in two pieces, the server answering the first before the second arrived, counts one
+    more (seen once in 2,000 tests at load 6: [4, 4, 4, 4, 5]); timing only ever adds trips, so
+    the median of five runs is the count the code makes, and an extra trip in the code shows in
+    every run."""
+    return int(statistics.median_low(trips))
+
+
 def _statements(cluster: PgCluster, action: Callable[[], object]) -> list[tuple[int, str]]:
     """The top-level statements the owner role ran on keymem during ``action()``."""
     where = f"dbid = (SELECT oid FROM pg_database WHERE datname = 'keymem') AND userid = %s::regrole AND {_COUNTED}"
@@ -152,10 +163,10 @@ def test_one_remember_is_three_round_trips_and_a_new_key_adds_one(
     rounds = 5
     known = [_round_trips(proxy, lambda i=i: _remember(graph, f"release train {i}: Mina keeps the deploy freeze"))
              for i in range(rounds)]
-    assert known == [REMEMBER_ROUND_TRIPS] * rounds
+    assert _typical(known) == REMEMBER_ROUND_TRIPS, known
     fresh = [_round_trips(proxy, lambda i=i: _remember(graph, f"the {i}th canary of the release train",
                                                         [*KEYS, f"canary wave {i}"])) for i in range(rounds)]
-    assert fresh == [REMEMBER_NEW_KEY_ROUND_TRIPS] * rounds
+    assert _typical(fresh) == REMEMBER_NEW_KEY_ROUND_TRIPS, fresh
     # The keys made there are the index's, with their one link each, as if read back.
     wave = graph.keys.get(graph.keys.by_norm("canary wave 0") or "")
     assert wave is not None and wave.link_count == 1 and wave.concept == "canary wave 0"
@@ -176,7 +187,7 @@ def test_one_recall_is_one_unit_of_at_most_ten_statements_and_eleven_round_trips
     total = sum(calls for calls, _ in statements)
     assert total <= RECALL_STATEMENTS * rounds, statements
     trips = [_round_trips(proxy, lambda: recall(graph, "when does the deploy freeze end?")) for _ in range(rounds)]
-    assert max(trips) <= RECALL_ROUND_TRIPS, trips
+    assert _typical(trips) <= RECALL_ROUND_TRIPS, trips
 
 
 def test_following_another_daemons_remember_reads_its_memory_and_its_keys_in_one_round_trip_each(
