@@ -14,6 +14,7 @@ from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.ports import Writer
 from keymem_daemon.engine.reads import inject as push
 from keymem_daemon.store.sqlite.database import Store
+from keymem_daemon.store.sqlite.replica import REPLICA_COLUMNS
 from keymem_daemon.store.sqlite.search import Vocabulary
 
 _MATCH = "SELECT COUNT(*) FROM memory_fts WHERE memory_fts MATCH ?"
@@ -99,5 +100,34 @@ def test_a_vocabulary_past_its_capacity_is_not_kept_but_still_answers(tmp_path: 
         store.vocabulary = Vocabulary(capacity=5)
         assert frequencies(["alpha", "epsilon"]) == {"alpha": 2, "epsilon": 1}
         assert store.vocabulary.held == 5
+    finally:
+        store.close()
+
+
+def test_a_replicas_index_rows_count_in_the_very_next_read(tmp_path: Path) -> None:
+    """A daemon on a shared PostgreSQL store answers from its local SQLite replica, whose
+    lexical index the follower writes (store.sqlite.replica): those writes must drop the kept
+    document frequencies as the engine's own index writes do."""
+    store = Store.open(tmp_path / "keymem.db")
+    try:
+        columns = REPLICA_COLUMNS["memories"]
+        values = {"content": "", "dedup_hash": "", "namespace": "default", "depth": 0.0, "access_count": 0,
+                  "created_at": 1.0, "updated_at": 1.0, "last_confirmed_at": 1.0, "confirmation_count": 1,
+                  "decay_profile": "standard"}
+        rows = [tuple({**values, "rowid": n, "id": f"m{n}"}.get(c) for c in columns) for n in (1, 2)]
+        store.write(lambda writer: writer.put_rows("memories", rows))
+
+        def frequencies() -> dict[str, int]:
+            return store.read(lambda reader: reader.document_frequencies(["alpha", "gamma"]))
+
+        store.write(lambda writer: writer.put_index_rows([("m1", "alpha beta", "")]))
+        assert frequencies() == {"alpha": 1}
+        assert store.vocabulary.held > 0, "between writes the vocabulary is kept"
+        store.write(lambda writer: writer.put_index_rows([("m2", "alpha gamma", "")]))
+        assert frequencies() == {"alpha": 2, "gamma": 1}
+        store.write(lambda writer: writer.drop_memory_rows(["m1"]))
+        assert frequencies() == {"alpha": 1, "gamma": 1}
+        store.write(lambda writer: writer.clear_replica())
+        assert frequencies() == {}
     finally:
         store.close()

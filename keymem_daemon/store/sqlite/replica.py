@@ -11,11 +11,11 @@ A daemon restarted on a replica that is still current resumes from it (store/pos
 """
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from keymem_daemon.store.sqlite.rows import rows_in
+from keymem_daemon.store.sqlite.search import LexicalRows
 
 REPLICA_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "meta": ("name", "value"),
@@ -45,13 +45,15 @@ def _upsert(table: str) -> str:
             f"ON CONFLICT({target}) DO " + (f"UPDATE SET {update}" if update else "NOTHING"))
 
 
-class ReplicaWriteRows:
-    """Putting another store's rows in place (tables and columns as ``REPLICA_COLUMNS``)."""
-
-    _conn: sqlite3.Connection
+class ReplicaWriteRows(LexicalRows):
+    """Putting another store's rows in place (tables and columns as ``REPLICA_COLUMNS``).
+    Every write of ``memory_fts`` tells the vocabulary first (``_index_changing``), as the
+    engine's index writes do: a daemon following a shared store reads its document
+    frequencies from this replica, and a kept copy would go on counting the old rows."""
 
     def clear_replica(self) -> None:
         """Delete every row a replica holds (before it is filled again)."""
+        self._index_changing()
         self._conn.execute("DELETE FROM memory_fts")
         for table in reversed(REPLICA_COLUMNS):
             self._conn.execute(f"DELETE FROM {table}")
@@ -62,6 +64,7 @@ class ReplicaWriteRows:
 
     def put_index_rows(self, rows: Sequence[tuple[str, str, str]]) -> None:
         """``(memory_id, content_tokens, key_tokens)``: the memory's lexical index row, replaced."""
+        self._index_changing()
         # One rowid at a time: FTS5 finds a row by ``rowid =`` directly, but scans for ``IN``.
         self._conn.executemany("DELETE FROM memory_fts WHERE rowid = (SELECT rowid FROM memories WHERE id = ?)",
                                [(row[0],) for row in rows])
@@ -72,6 +75,7 @@ class ReplicaWriteRows:
     def drop_memory_rows(self, memory_ids: Iterable[str]) -> None:
         """Delete memories with their index rows (links and relations cascade)."""
         ids = list(memory_ids)
+        self._index_changing()
         rowids = [r[0] for r in rows_in(self._conn, "SELECT rowid FROM memories WHERE id IN ({marks})", ids)]
         list(rows_in(self._conn, "DELETE FROM memory_fts WHERE rowid IN ({marks})", rowids))
         list(rows_in(self._conn, "DELETE FROM memories WHERE id IN ({marks})", ids))
