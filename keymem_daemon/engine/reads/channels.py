@@ -201,7 +201,8 @@ def key_members(reader: Reader, key_ids: Sequence[str], scope: Scope, now: float
 def coverage_scores(graph: MemoryGraph, reader: Reader, plan: QueryPlan,
                     memories: Sequence[Memory],
                     link_map: Mapping[str, Mapping[str, tuple[float, bool]]] | None = None,
-                    cross: Mapping[str, float] | None = None) -> dict[str, float]:
+                    cross: Mapping[str, float] | None = None, *,
+                    indexed: Mapping[str, tuple[list[str], list[str]]] | None = None) -> dict[str, float]:
     """The IDF-weighted share of the query's tokens each memory covers: a token counts when
     it occurs in the memory's text or keys, or -- at its cosine -- when one of the memory's
     keys means it (``hurt`` is covered by a memory keyed ``injury``). For the CROSS_POOL
@@ -209,16 +210,18 @@ def coverage_scores(graph: MemoryGraph, reader: Reader, plan: QueryPlan,
     counts -- at its cosine, from the translation bar up -- when a content word of the
     memory's text written in the other script means it (``friday`` is covered by a memory
     that says ``금요일``), and fully when that word is the token spelled in the other script
-    (``atlas`` and ``아틀라스``)."""
+    (``atlas`` and ``아틀라스``). ``indexed`` (``Reader.indexed_tokens``) and ``link_map``, when the
+    caller read them already, are not read again."""
     tokens = [t for t in plan.weights if plan.weights[t] > 0]
     if not memories or not tokens:
         return {m.id: 0.0 for m in memories}
     total = sum(plan.weights[t] for t in tokens)
     weights = np.array([plan.weights[t] for t in tokens])
-    indexed = reader.indexed_tokens([m.id for m in memories])
-    texts = {mid: {*content, *keys} for mid, (content, keys) in indexed.items()}
+    if indexed is None:
+        indexed = reader.indexed_tokens([m.id for m in memories])
     if link_map is None:
         link_map = reader.links_by_memory([m.id for m in memories])
+    texts = {mid: {*content, *keys} for mid, (content, keys) in indexed.items()}
     key_ids = sorted({k for keys in link_map.values() for k in keys})
     column = {k: i for i, k in enumerate(key_ids)}
     with_vectors = [i for i, t in enumerate(tokens) if t in plan.token_vectors]

@@ -100,6 +100,10 @@ class HybridResult:
     anchored: bool
     reached: dict[str, tuple[Via, ...]] = field(default_factory=dict)
     """How each hit was reached (by memory id): what ``Hit.matched_via`` shows, typed."""
+    links: Links = field(default_factory=dict)
+    """Each hit's links as the recall read them (``Reader.links_by_memory``)."""
+    tokens: dict[str, list[str]] = field(default_factory=dict)
+    """Each hit's lexical-index content tokens as the recall read them (``Reader.indexed_tokens``)."""
 
 
 @dataclass(slots=True)
@@ -109,6 +113,7 @@ class _Pool:
     cands: dict[str, Candidate]
     found: dict[str, Memory]
     link_map: Links
+    indexed: dict[str, tuple[list[str], list[str]]]
 
 
 def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k: int = 5, hops: int = 2,
@@ -143,8 +148,13 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     chosen = ranked[:top_k]
     if reinforce and chosen:
         _reinforce(graph, chosen, matched, pool.link_map)
-    hits = _hits(graph, chosen, pool.found, pool.link_map, max_chars)
-    return HybridResult(hits, matched, True, {c.memory_id: tuple(c.via) for c in chosen})
+    hits = _hits(graph, chosen, pool.found, pool.link_map, max_chars, reinforced=reinforce)
+    # What the push path's evidence reads of its hits, from this recall's snapshot: reading
+    # them again cost it a second transaction per prompt.
+    ids = [c.memory_id for c in chosen]
+    return HybridResult(hits, matched, True, {c.memory_id: tuple(c.via) for c in chosen},
+                        links={mid: pool.link_map[mid] for mid in ids if mid in pool.link_map},
+                        tokens={mid: pool.indexed[mid][0] for mid in ids if mid in pool.indexed})
 
 
 def _gather(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan, matched: Sequence[str],
@@ -157,11 +167,12 @@ def _gather(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan,
     for mid in set(cands) - {m.id for m in live}:
         del cands[mid]
     link_map = reader.links_by_memory(cands)
-    _score(graph, reader, plan, cue, live, cands, link_map, now)
+    indexed = reader.indexed_tokens([m.id for m in live])
+    _score(graph, reader, plan, cue, live, cands, link_map, indexed, now)
     _share_evidence(graph, live, cands, link_map, scope, now)
     if hops >= 2 and cands:
         expand(graph, reader, cands, found, link_map, scope, now, hops)
-    return _Pool(cands, found, link_map)
+    return _Pool(cands, found, link_map, indexed)
 
 
 def _candidates(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan, matched: Sequence[str],
@@ -206,7 +217,8 @@ def _candidates(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryP
 
 
 def _score(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan, live: Sequence[Memory],
-           cands: Mapping[str, Candidate], link_map: Links, now: float) -> None:
+           cands: Mapping[str, Candidate], link_map: Links, indexed: Mapping[str, tuple[list[str], list[str]]],
+           now: float) -> None:
     """Each live candidate's coverage, body cosine, relevance and score."""
     # Words of a memory written in the other script can cover the query's words only
     # through its meaning; that is weighed for the memories the key path or the dense
@@ -216,7 +228,7 @@ def _score(graph: MemoryGraph, reader: Reader, plan: QueryPlan, cue: QueryPlan, 
                graph.bodies.cosines([m.id for m in live], np.stack([cue.focus_vector, cue.vector])).items()}
     cross = {m.id: max(cosines[m.id]) if m.id in cosines else 0.0 for m in live
              if cands[m.id].reached_by(_SAME_SCRIPT)}
-    cover = coverage_scores(graph, reader, cue, live, link_map, cross)
+    cover = coverage_scores(graph, reader, cue, live, link_map, cross, indexed=indexed)
     for m in live:
         c = cands[m.id]
         c.coverage = cover.get(m.id, 0.0)
@@ -345,12 +357,13 @@ def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequenc
 
 
 def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, Memory],
-          link_map: Mapping[str, Mapping[str, tuple[float, bool]]], max_chars: int | None) -> list[Hit]:
+          link_map: Mapping[str, Mapping[str, tuple[float, bool]]], max_chars: int | None, *,
+          reinforced: bool) -> list[Hit]:
     now = graph.clock()
 
     def read(reader: Reader) -> list[Hit]:
-
-        fresh = reader.memories([c.memory_id for c in chosen])
+        # Read again only after the reinforcement changed them (their access counts).
+        fresh = reader.memories([c.memory_id for c in chosen]) if reinforced else {}
         out = []
         for c in chosen:
             m = fresh.get(c.memory_id) or found[c.memory_id]

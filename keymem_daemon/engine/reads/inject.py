@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from keymem_daemon.engine.ports import Reader, Scope
+from keymem_daemon.engine.ports import Scope
 from keymem_daemon.engine.reads.channels import UNANCHORED
 from keymem_daemon.engine.reads.hybrid import hybrid_recall
 from keymem_daemon.engine.reads.query import MIN_CORPUS, plan_query
@@ -603,8 +603,8 @@ def judge(graph: MemoryGraph, prompt: str, *, scope: Scope, project: frozenset[s
     hits = [h for h in result.hits if any(v.channel not in UNANCHORED for v in result.reached[h.id])]
     if not hits:
         return [], {}, result.matched_keys
-    evidence = _evidence(graph, plan, cut.identifiers, hits, project, asks_general(cut.query),
-                         asks_question(cut.query))
+    evidence = _evidence(graph, plan, cut.identifiers, hits, result.links, result.tokens, project,
+                         asks_general(cut.query), asks_question(cut.query))
     scores = sorted((h.score for h in hits), reverse=True)
     best = scores[0]
     tail = scores[REST_FROM:]
@@ -766,16 +766,12 @@ def identifier_phrases(identifiers: Sequence[str]) -> list[str]:
 
 
 def _evidence(graph: MemoryGraph, plan: Any, identifiers: Sequence[str], hits: Sequence[Any],
+              links: Mapping[str, Mapping[str, tuple[float, bool]]], tokens: Mapping[str, Sequence[str]],
               project: frozenset[str], general: bool, question: bool) -> dict[str, Evidence]:
-    """Each hit's evidence."""
+    """Each hit's evidence; ``links`` and ``tokens`` (its links and lexical-index content
+    tokens) are the recall's own reads (``HybridResult``)."""
     ids = [h.id for h in hits]
     literal = graph.keys.literal_ids(plan.literal_forms)
-
-    def read(reader: Reader) -> tuple[dict[str, dict[str, tuple[float, bool]]], dict[str, list[str]]]:
-        indexed = reader.indexed_tokens(ids)
-        return reader.links_by_memory(ids), {mid: content for mid, (content, _) in indexed.items()}
-
-    links, tokens = graph.store.read(read)
     key_ids = sorted({k for mid in ids for k, (_, auto) in links.get(mid, {}).items() if not auto})
     reach: dict[str, tuple[float, str | None]] = {}
     phrases = identifier_phrases(identifiers)
