@@ -42,8 +42,6 @@ one is still coming up.
 from __future__ import annotations
 
 import _socket
-import contextlib
-import json
 import os
 import sys
 import time
@@ -53,7 +51,62 @@ import time
 # selectors), and HMAC-SHA256 from the interpreter's own SHA-256 rather than ``hashlib`` and
 # ``hmac`` (which load OpenSSL's libcrypto). ``python -X importtime`` on a Claude Code
 # prompt (load 13): the modules the request path adds to a bare interpreter 15 -> 9, their
-# import time 55 -> 10 ms.
+# import time 55 -> 10 ms. JSON goes through ``_json``, the C codec the ``json`` package wraps:
+# ``json`` imports ``re``, ``enum`` and ``collections`` (23 modules, a third of the
+# interpreter's start-up on CPU: ``python -c "import json"`` 29 ms of CPU against 17 for
+# ``pass`` at load 23); nor is ``contextlib`` imported, which brings ``collections``. The
+# hooks' configs run the interpreter with ``-S``: the hook needs nothing of site-packages,
+# whose ``.pth`` files cost every start (``python -S -c pass`` 12 ms of CPU against 17).
+
+try:
+    import _json
+except ImportError:  # an interpreter without CPython's codec
+    _json = None
+
+_JSON_CONSTANTS: dict[str, float] = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
+
+
+class _Decoding:
+    """What ``_json``'s scanner reads of a decoder: ``json.JSONDecoder()``'s defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = _JSON_CONSTANTS.__getitem__
+
+
+def _not_serializable(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+if _json is not None:
+    _scan = _json.make_scanner(_Decoding())
+    _encode = _json.make_encoder({}, _not_serializable, _json.encode_basestring, None, ": ", ", ", False, False,
+                                 True)
+
+    def json_loads(data: bytes | str) -> object:
+        """``json.loads``: ValueError for anything that is not one JSON value."""
+        text = (data.decode("utf-8") if isinstance(data, bytes) else data).strip(" \t\n\r")
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:
+            raise ValueError("not JSON") from None
+        if end != len(text):
+            raise ValueError("not one JSON value")
+        return value
+
+    def json_dumps(value: dict[str, object]) -> str:
+        """``json.dumps(value, ensure_ascii=False)`` of a dict."""
+        return "".join(_encode(value, 0))
+else:
+    import json
+
+    json_loads = json.loads
+
+    def json_dumps(value: dict[str, object]) -> str:
+        return json.dumps(value, ensure_ascii=False)
 
 # -- constants (the daemon's side lives in keymem_daemon/runtime.py and config.py) -------
 
@@ -134,7 +187,7 @@ def read_info(directory: str) -> tuple[int, int, str, float]:
     runtime.parse_daemon_info does."""
     try:
         with open(os.path.join(directory, INFO_FILE), "rb") as handle:
-            data = json.loads(handle.read(65536))
+            data = json_loads(handle.read(65536))
     except FileNotFoundError:
         raise HookFailure("no daemon.json") from None
     except (OSError, ValueError) as exc:
@@ -261,7 +314,7 @@ def verify(sock: _socket.socket, daemon: tuple[int, int, str, float], deadline: 
     request = f"GET /health?nonce={nonce} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n\r\n"
     status, body = exchange(sock, request.encode("ascii"), deadline)
     try:
-        answer = json.loads(body)
+        answer = json_loads(body)
     except ValueError:
         raise NotTheDaemon("not keymemd: /health is not JSON") from None
     if status != 200 or not isinstance(answer, dict) or answer.get("pid") != pid:
@@ -349,6 +402,11 @@ def daemon_command(environ: dict[str, str], directory: str) -> list[str] | None:
         return [python, "-m", "keymem_daemon", *run]
     import importlib.util
 
+    if sys.flags.no_site:
+        # Run with -S (as the hooks' configs do): site-packages, where pip put keymem, only now.
+        import site
+
+        site.main()
     if sys.executable and importlib.util.find_spec("keymem_daemon") is not None:
         return [sys.executable, "-m", "keymem_daemon", *run]
     import shutil
@@ -435,7 +493,7 @@ def read_payload() -> dict[str, object]:
     if stdin is None or stdin.isatty():
         raise HookFailure("no stdin")
     try:
-        data = json.loads(stdin.buffer.read())
+        data = json_loads(stdin.buffer.read())
     except ValueError:
         raise HookFailure("stdin is not JSON") from None
     if not isinstance(data, dict):
@@ -508,7 +566,7 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
     if environ.get("KEYMEM_HOOK_MAX_CHARS", "").strip():
         low, high = MAX_CHARS_RANGE
         request["max_chars"] = env_int(environ, "KEYMEM_HOOK_MAX_CHARS", 2000, low, high)
-    body = json.dumps(request, ensure_ascii=False).encode("utf-8")
+    body = json_dumps(request).encode("utf-8")
 
     sent = time.monotonic()
     _, port, token, _ = daemon
@@ -528,7 +586,7 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
     if status != 200:
         raise HookFailure(f"daemon answered {status}")
     try:
-        result = json.loads(answer)
+        result = json_loads(answer)
     except ValueError:
         raise HookFailure("response is not JSON") from None
     context = result.get("context") if isinstance(result, dict) else None
@@ -541,7 +599,7 @@ def run(argv: list[str], environ: dict[str, str], started: float, note: dict[str
         raise HookFailure("block larger than the host cap")
     note.update(outcome="surfaced", context_chars=len(context))
     output = {"hookEventName": "UserPromptSubmit", "additionalContext": context}
-    return json.dumps({"hookSpecificOutput": output}, ensure_ascii=False)
+    return json_dumps({"hookSpecificOutput": output})
 
 
 def write_stdout(text: str) -> None:
@@ -553,8 +611,10 @@ def write_stdout(text: str) -> None:
 
 def silence_stdout() -> None:
     """After a failed write, point fd 1 at /dev/null so the exit-time flush cannot complain."""
-    with contextlib.suppress(Exception):
+    try:  # noqa: SIM105 -- contextlib imports collections and functools (see the imports)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception:
+        pass
 
 
 def debug_log(environ: dict[str, str], started: float, note: dict[str, object]) -> None:
@@ -564,7 +624,7 @@ def debug_log(environ: dict[str, str], started: float, note: dict[str, object]) 
     note["total_ms"] = round((time.monotonic() - started) * 1000, 1)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
     with open(os.path.expanduser(path), "a", encoding="utf-8") as handle:
-        handle.write(f"{stamp} keymem-hook {json.dumps(note, ensure_ascii=False)}\n")
+        handle.write(f"{stamp} keymem-hook {json_dumps(note)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -581,8 +641,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # never raise, never print: a broken hook must not block a prompt
         note["outcome"] = f"error {type(exc).__name__}: {exc}"
         silence_stdout()
-    with contextlib.suppress(BaseException):
+    try:  # noqa: SIM105 -- as in silence_stdout
         debug_log(environ, started, note)
+    except BaseException:
+        pass
     return 0
 
 

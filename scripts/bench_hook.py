@@ -11,13 +11,15 @@ whose keys repeat the way an agent's do (a handful of hubs such as ``PostgreSQL`
 
   inject   ``POST /v1/inject`` over a kept-alive connection, every prompt ``--inject-rounds``
            times (client-side wall time and the daemon's own ``took_ms``);
-  hook     ``hooks/keymem_hook.py user-prompt-submit`` as a host runs it: a new process fed
-           a Claude Code payload on stdin, timed from spawn to exit with its output read;
+  hook     ``python3 -S hooks/keymem_hook.py user-prompt-submit`` as a host runs it (as
+           hooks/hooks.json says): a new process fed a Claude Code payload on stdin, timed
+           from spawn to exit with its output read;
   bare     ``python3 -c pass`` with the same interpreter, interleaved with the hook runs, so
            the hook's own cost can be read off against the machine's process start-up;
   no-req   the hook fed a slash command: everything but the request (start, parse, exit);
   baseline with ``--baseline-hook FILE`` (another version of the hook, e.g.
-           ``git show main:hooks/keymem_hook.py > /tmp/hook-main.py``), run interleaved with
+           ``git show main:hooks/keymem_hook.py > /tmp/hook-main.py``; its interpreter flags
+           ``--baseline-flags``, default ``-S``), run interleaved with
            this one against the same daemon, so what a change costs reads off as a ratio;
   stages   with ``--stages``: once the daemon stopped, its store opened in this process and
            every prompt injected ``--inject-rounds`` times with a wall-clock span around each
@@ -437,8 +439,10 @@ def bench_size(size: int, args: argparse.Namespace, python: str) -> dict[str, An
                 "KEYMEM_AUTOSTART": "false",
             }
             hook_ms, bare_ms, skip_ms, hook_chars, baseline_ms = [], [], [], [], []
-            command = [python, str(HOOK), "user-prompt-submit"]
-            baseline = [python, str(args.baseline_hook), "user-prompt-submit"] if args.baseline_hook else None
+            # As hooks/hooks.json runs it (-S: without site-packages).
+            command = [python, "-S", str(HOOK), "user-prompt-submit"]
+            baseline = [python, *args.baseline_flags.split(), str(args.baseline_hook), "user-prompt-submit"] \
+                if args.baseline_hook else None
             for i in range(args.hook_runs):
                 payload = {
                     "session_id": str(uuid.uuid4()),
@@ -548,6 +552,8 @@ def main() -> None:
         "outside any venv, as a host's python3 would be)",
     )
     parser.add_argument("--baseline-hook", type=Path, help="another hook file, timed interleaved as the baseline")
+    parser.add_argument("--baseline-flags", default="-S",
+                        help="interpreter flags for the baseline hook (main's configs before -S: '')")
     parser.add_argument("--stages", action="store_true",
                         help="also time the push path's stages in this process (see STAGES)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out" / "hook.json")

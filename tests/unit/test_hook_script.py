@@ -244,6 +244,40 @@ def test_without_keymem_python_this_interpreter_runs_the_daemon_if_it_has_keymem
     assert command == [sys.executable, *runtime.daemon_command(tmp_path)[1:]]
 
 
+def test_run_without_site_the_hook_still_finds_keymem_in_this_interpreter(tmp_path: Path) -> None:
+    """The configs run ``python3 -S``; starting a daemon, the hook looks in site-packages after all."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import keymem_hook; "
+            "print(keymem_hook.daemon_command({'PATH': ''}, sys.argv[2]))")
+    # From tmp_path: -c puts the working directory on sys.path, and the checkout holds keymem_daemon.
+    proc = subprocess.run([sys.executable, "-S", "-c", code, str(HOOK_FILE.parent), str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=scaled(30), check=True)
+    assert proc.stdout.strip() == repr([sys.executable, *runtime.daemon_command(tmp_path)[1:]])
+
+
+def test_a_prompt_costs_the_hook_no_import_of_json_re_or_collections(tmp_path: Path) -> None:
+    """Every prompt waits for the hook's start-up: json (with re, enum and collections) and
+    contextlib are a third of an interpreter's start-up on CPU, and the hook does without them."""
+    env = {"HOME": str(tmp_path), "KEYMEM_DATA_DIR": str(tmp_path), "KEYMEM_AUTOSTART": "false"}
+    payload = json.dumps({"hook_event_name": "UserPromptSubmit", "prompt": "a long enough prompt"})
+    proc = subprocess.run([sys.executable, "-S", "-X", "importtime", str(HOOK_FILE), "user-prompt-submit"],
+                          input=payload.encode(), env=env, capture_output=True, timeout=scaled(30), check=True)
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines() if "|" in line}
+    assert "_json" in imported, proc.stderr
+    assert not imported & {"json", "re", "enum", "collections", "contextlib"}, sorted(imported)
+
+
+def test_the_hooks_json_is_the_json_modules() -> None:
+    value = {"prompt": 'é 한글 "q" \\ \n\t\u2028 \U0001f600', "n": [0, -1, 2.5, 1e300, None, True, False], "o": {},
+             "nested": {"a": [{"b": []}]}}
+    assert hook.json_dumps(value) == json.dumps(value, ensure_ascii=False)
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False), " \n" + json.dumps(value, indent=2) + "\n"):
+        assert hook.json_loads(text) == json.loads(text) == hook.json_loads(text.encode())
+    assert hook.json_loads('{"a": NaN}')["a"] != hook.json_loads('{"a": NaN}')["a"]  # NaN, as json reads it
+    for bad in ["", "{", "{} {}", "[1,]", "nul", '{"a": 1', b"\xff", '"\ud800 unterminated']:
+        with pytest.raises(ValueError):
+            hook.json_loads(bad)
+
+
 def executable(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
@@ -452,7 +486,8 @@ def test_each_config_runs_the_hook_in_the_right_mode_within_a_timeout_that_fits(
         assert item["type"] == "command"
         assert "args" not in item, "shell form: Codex has no exec form"
         command = item["command"]
-        assert command.startswith("python3 ") and "/hooks/keymem_hook.py" in command
+        # -S: the hook needs nothing of site-packages, whose .pth files cost every prompt.
+        assert command.startswith("python3 -S ") and "/hooks/keymem_hook.py" in command
         mode = {"SessionStart": "session-start", "UserPromptSubmit": "user-prompt-submit"}[event]
         assert hook.parse_args(command.split()) == (mode, name != "claude")
         # The hook is done within its own budget; the host's timeout must never cut it off.
