@@ -148,7 +148,7 @@ def hybrid_recall(graph: MemoryGraph, query: str, *, scope: Scope = None, top_k:
     chosen = ranked[:top_k]
     if reinforce and chosen:
         _reinforce(graph, chosen, matched, pool.link_map)
-    hits = _hits(graph, chosen, pool.found, pool.link_map, max_chars, reinforced=reinforce)
+    hits = _hits(graph, chosen, pool.found, pool.link_map, max_chars)
     # What the push path's evidence reads of its hits, from this recall's snapshot: reading
     # them again cost it a second transaction per prompt.
     ids = [c.memory_id for c in chosen]
@@ -357,13 +357,12 @@ def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequenc
 
 
 def _hits(graph: MemoryGraph, chosen: Sequence[Candidate], found: Mapping[str, Memory],
-          link_map: Mapping[str, Mapping[str, tuple[float, bool]]], max_chars: int | None, *,
-          reinforced: bool) -> list[Hit]:
+          link_map: Mapping[str, Mapping[str, tuple[float, bool]]], max_chars: int | None) -> list[Hit]:
     now = graph.clock()
 
     def read(reader: Reader) -> list[Hit]:
-        # Read again only after the reinforcement changed them (their access counts).
-        fresh = reader.memories([c.memory_id for c in chosen]) if reinforced else {}
+
+        fresh = reader.memories([c.memory_id for c in chosen])
         out = []
         for c in chosen:
             m = fresh.get(c.memory_id) or found[c.memory_id]
