@@ -91,7 +91,10 @@ if _json is not None:
         text = (data.decode("utf-8") if isinstance(data, bytes) else data).strip(" \t\n\r")
         try:
             value, end = _scan(text, 0)
-        except StopIteration:
+        except (StopIteration, SystemError):
+            # A malformed string or number is reported through json.decoder's error class,
+            # which CPython before 3.12 only finds when json.decoder is imported already: here
+            # it is not, and the scanner fails with a SystemError instead.
             raise ValueError("not JSON") from None
         if end != len(text):
             raise ValueError("not one JSON value")

@@ -264,6 +264,13 @@ def test_a_prompt_costs_the_hook_no_import_of_json_re_or_collections(tmp_path: P
     imported = {line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines() if "|" in line}
     assert "_json" in imported, proc.stderr
     assert not imported & {"json", "re", "enum", "collections", "contextlib"}, sorted(imported)
+    # Without json.decoder imported, malformed JSON is still just not JSON.
+    log = tmp_path / "debug.log"
+    for garbage in ('{"prompt": "unterminated', '{"prompt": "bad escape \\x"}', "[1, 2", "{\"a\": 1e}"):
+        subprocess.run([sys.executable, "-S", str(HOOK_FILE), "user-prompt-submit"], input=garbage.encode(),
+                       env={**env, "KEYMEM_HOOK_DEBUG_LOG": str(log)}, capture_output=True, timeout=scaled(30),
+                       check=True)
+    assert log.read_text(encoding="utf-8").count("stdin is not JSON") == 4, log.read_text(encoding="utf-8")
 
 
 def test_the_hooks_json_is_the_json_modules() -> None:
