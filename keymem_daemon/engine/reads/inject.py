@@ -408,7 +408,11 @@ def features(evidence: Evidence, best: float, rest: float) -> tuple[float, ...]:
 #     / .859), test .633 / .929 / .896 (.679 / .929 / .798), Korean/English R@5 .859 / not-found
 #     .938 (.823 / .938), LoCoMo inject R@5 .507 (.478), the held-out set (measured once)
 #     .481 / .922 / .821 (.457 / .922 / .740): better on every set but test's hit (5 of 109
-#     prompts fewer), so not adopted here (the commit is on branch push-standing).
+#     prompts fewer). Nor does it keep tests/unit/test_push.py's pasted-error example: in a
+#     store of four memories the certificate memory is the only candidate, so it stands 0 and
+#     scores .416 (vs_best's weight fell from 2.45 to 1.15). Not adopted; its fit was WEIGHTS
+#     (0.839, 0.998, 0.118, 0.971, 0.146, 0.982, 0.645, 1.148, 1.336, 0.634, -1.328, -0.533,
+#     -0.608, 1.315), BIAS -5.605.
 #   measured on dev and styled out of fold and dropped (hit at the CV floor, against .698 for
 #   "standing" alone; same ridge and floor rule): beside it, the pool z-score of relevance,
 #   cosine, key_share, term_share or key_best (.667-.688), the body cosine's z-score or margin
