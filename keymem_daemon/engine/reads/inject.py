@@ -406,7 +406,8 @@ def features(evidence: Evidence, best: float, rest: float) -> tuple[float, ...]:
 #                                    out of fold .698 / .906 / .910 (in the fit .704 / .906 / .905)
 #     through the daemon (bench_push, same run as this gate): dev .710 / .909 / .905 (.673 / .909
 #     / .859), test .633 / .929 / .896 (.679 / .929 / .798), Korean/English R@5 .859 / not-found
-#     .938 (.823 / .938), LoCoMo inject R@5 .507 (.478), the held-out set (measured once)
+#     .938 (.823 / .938), LoCoMo inject R@5 .507 (.478), push_styled .695 / .900 / .905 (.720 /
+#     .800 / .855), the held-out set (measured once)
 #     .481 / .922 / .821 (.457 / .922 / .740): better on every set but test's hit (5 of 109
 #     prompts fewer). Nor does it keep tests/unit/test_push.py's pasted-error example: in a
 #     store of four memories the certificate memory is the only candidate, so it stands 0 and
