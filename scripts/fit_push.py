@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import math
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -79,7 +80,8 @@ def sets(split: str) -> list[dict[str, Any]]:
 def collect(split: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for s in sets(split):
-        client = InProcess(Path(tempfile.mkdtemp(prefix=f"keymem-fit-{s['name']}-")))
+        data_dir = Path(tempfile.mkdtemp(prefix=f"keymem-fit-{s['name']}-"))
+        client = InProcess(data_dir)
         id_map: dict[str, str] = {}
         for m in s["memories"]:
             result = client.tool("remember", {"content": m["content"], "keys": m["keys"],
@@ -102,6 +104,7 @@ def collect(split: str) -> list[dict[str, Any]]:
                          "cands": [{"id": id_map.get(j.memory_id, j.memory_id), "x": list(j.features),
                                     "y": id_map.get(j.memory_id) in gold} for j in judged]})
         client.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
     return rows
 
 
