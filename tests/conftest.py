@@ -30,10 +30,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 SLOWEST_FILES: Final = (
-    "integration/test_inspector_browser.py",
-    "install/test_launcher.py",
     "integration/test_daemon_reembed.py",
     "integration/test_daemon_crash.py",
+    "integration/test_inspector_browser.py",
+    "install/test_launcher.py",
     "integration/test_issue_19_store_safety.py",
     "postgres/test_team_daemons.py",
     "integration/test_issue19_hardening.py",
