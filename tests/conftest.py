@@ -49,6 +49,7 @@ SLOWEST_FILES: Final = (
     "integration/test_daemon_cli.py",
     "integration/test_rerank_budget.py",
     "unit/test_engine_loanwords.py",
+    "postgres/test_migrate_store.py",
 )
 """The files that take minutes, longest first (one run's figures, two workers at load 20),
 then the rest in their usual order: collected first, so pytest-xdist's loadfile hands them
