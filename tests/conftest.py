@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from daemon_helpers import CLI_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, shared_daemon, wait_for
@@ -29,10 +29,53 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None if inside or collection_path in FAST_TIER.parents else True
 
 
+SLOWEST_FILES: Final = (
+    "integration/test_daemon_reembed.py",
+    "integration/test_daemon_crash.py",
+    "integration/test_inspector_browser.py",
+    "install/test_launcher.py",
+    "integration/test_issue_19_store_safety.py",
+    "postgres/test_team_daemons.py",
+    "integration/test_issue19_hardening.py",
+    "postgres/test_federation.py",
+    "install/test_readme_commands.py",
+    "install/test_real_hosts.py",
+    "integration/test_daemon_lifecycle.py",
+    "integration/test_shim_mcp.py",
+    "integration/test_daemon_transfer.py",
+    "integration/test_inspector_cli.py",
+    "unit/test_models_use.py",
+    "integration/test_issue19_trust.py",
+    "integration/test_daemon_cli.py",
+    "integration/test_rerank_budget.py",
+    "unit/test_engine_loanwords.py",
+    "postgres/test_migrate_store.py",
+)
+"""The files that take minutes, longest first (one run's figures, two workers at load 20),
+then the rest in their usual order: collected first, so pytest-xdist's loadfile hands them
+out first and the many short files fill in behind them. Handed out last (xdist's own order
+is by test count, and these hold few tests), one of them alone kept a worker busy for
+minutes after the other had run out of files."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist's loadfile hands out files in collection order (``SLOWEST_FILES``) rather
+    than re-sorting them by test count (its ``--no-loadscope-reorder``)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's pytest-timeout deadline (its ``timeout`` mark, else ``--timeout`` or the
+    """The ``SLOWEST_FILES`` first, longest first, each file's tests in their own order.
+    Each test's pytest-timeout deadline (its ``timeout`` mark, else ``--timeout`` or the
     ini's) is a quiet machine's figure, like every deadline in the tests: stretch it by
     ``scaled``."""
+    tests = Path(__file__).parent
+    rank = {tests / name: place for place, name in enumerate(SLOWEST_FILES)}
+    missing = [str(path) for path in rank if not path.is_file()]
+    if missing:
+        raise pytest.UsageError(f"SLOWEST_FILES names files that are gone: {missing}")
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
     default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
