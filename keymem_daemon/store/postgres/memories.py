@@ -22,6 +22,8 @@ ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_
 _LEXEME_QUERY: Final = "('''' || replace(replace(t, '\\', '\\\\'), '''', '''''') || '''')::tsquery"
 
 
+MEMORIES_BY_ID: Final = f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY(%s)"
+
 STREAM_ROWS: Final = 4096
 """Rows per round trip of a streamed read (a load, the replica's fill): 8 MB of 512-d vectors,
 so round trips are a small part of the transfer while the rows in hand stay a few MB."""
@@ -69,9 +71,7 @@ class PgMemoryRows:
         return found[0] if found else None
 
     def memories(self, ids: Iterable[str]) -> dict[str, Memory]:
-        wanted = list(dict.fromkeys(ids))
-        return {m.id: m for m in self._memories(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY(%s)",
-                                                (wanted,))}
+        return {m.id: m for m in self._memories(MEMORIES_BY_ID, (list(dict.fromkeys(ids)),))}
 
     def memory_content(self, memory_id: str) -> str | None:
         value = self._value("SELECT content FROM memories WHERE id = %s", (memory_id,))

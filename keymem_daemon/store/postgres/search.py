@@ -102,6 +102,24 @@ def _scope(scope: Scope) -> tuple[str, list[Any]]:
     return " AND m.namespace = ANY(%s)", [sorted(scope)]
 
 
+INDEXED_TOKENS: Final = b"SELECT memory_id, content_tokens, key_tokens FROM memory_fts WHERE memory_id = ANY(%s)"
+LINKS_BY_MEMORY: Final = (b"SELECT memory_id, key_id, weight, auto FROM links WHERE memory_id = ANY(%s) "
+                          b"ORDER BY memory_id, key_id")
+
+
+def tokens_of_rows(rows: Iterable[tuple[Any, ...]]) -> dict[str, tuple[list[str], list[str]]]:
+    """``indexed_tokens``' answer from the rows of ``INDEXED_TOKENS``."""
+    return {mid: ((content or "").split(), (keys or "").split()) for mid, content, keys in rows}
+
+
+def links_of_rows(rows: Iterable[tuple[Any, ...]]) -> dict[str, dict[str, tuple[float, bool]]]:
+    """``links_by_memory``'s answer from the rows of ``LINKS_BY_MEMORY``, in their order."""
+    out: dict[str, dict[str, tuple[float, bool]]] = {}
+    for mid, kid, weight, auto in rows:
+        out.setdefault(mid, {})[kid] = (float(weight), bool(auto))
+    return out
+
+
 class PgSearchRows:
     """Retrieval's and the push path's reads."""
 
@@ -131,9 +149,7 @@ class PgSearchRows:
         return [(r[0], float(r[1])) for r in rows]
 
     def indexed_tokens(self, memory_ids: Iterable[str]) -> dict[str, tuple[list[str], list[str]]]:
-        return {mid: ((content or "").split(), (keys or "").split()) for mid, content, keys in self._conn.execute(
-            "SELECT memory_id, content_tokens, key_tokens FROM memory_fts WHERE memory_id = ANY(%s)",
-            (list(dict.fromkeys(memory_ids)),))}
+        return tokens_of_rows(self._conn.execute(INDEXED_TOKENS, (list(dict.fromkeys(memory_ids)),)))
 
     def key_members(self, key_ids: Sequence[str], scope: Scope, now: float, per_key: int
                     ) -> dict[str, list[tuple[str, float]]]:
@@ -162,12 +178,7 @@ class PgSearchRows:
         return [(r[0], float(r[1])) for r in rows]
 
     def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
-        out: dict[str, dict[str, tuple[float, bool]]] = {}
-        for mid, kid, weight, auto in self._conn.execute(
-                "SELECT memory_id, key_id, weight, auto FROM links WHERE memory_id = ANY(%s) "
-                "ORDER BY memory_id, key_id", (list(dict.fromkeys(memory_ids)),)):
-            out.setdefault(mid, {})[kid] = (float(weight), bool(auto))
-        return out
+        return links_of_rows(self._conn.execute(LINKS_BY_MEMORY, (list(dict.fromkeys(memory_ids)),)))
 
     def observed_between(self, start: float, end: float, scope: Scope, now: float, limit: int) -> list[str]:
         where, params = _scope(scope)
