@@ -89,7 +89,9 @@ def _ranked(keep: str, join: str) -> str:
             FROM (SELECT d.memory_id, d.doc_len, i.idf,
                          {LEXICAL_WEIGHTS[0]}::float8 * cardinality(array_positions(d.c, i.t))
                          + {LEXICAL_WEIGHTS[1]}::float8 * cardinality(array_positions(d.k, i.t)) AS w
-                  FROM docs d CROSS JOIN idf i) x
+                  -- OFFSET 0: the planner would push ``w > 0`` into the join filter and
+                  -- count each (row, token)'s positions twice (at 10k memories, a quarter of its time).
+                  FROM docs d CROSS JOIN idf i OFFSET 0) x
             WHERE x.w > 0
             GROUP BY x.memory_id ORDER BY score DESC, x.memory_id LIMIT %s)
         SELECT r.memory_id, r.score, {keep} FROM ranked r JOIN memories m ON m.id = r.memory_id
