@@ -9,12 +9,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import psycopg
-from psycopg.rows import dict_row
 
 from keymem_daemon.engine.keys import MemberState
 from keymem_daemon.engine.ports import MemoryRow, StoreCounts
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, MEMORY_FIELDS, memory_from_row
+from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, memory_from_row
 
 # A memory is active until (and including) its expiry instant, as Memory.expired says.
 ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= %s)"
@@ -46,12 +45,6 @@ def streamed(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()
     conn.execute(b"CLOSE keymem_stream")
 
 
-def memory_of_row(row: Mapping[str, Any]) -> Memory:
-    """A Memory from a dict row of MEMORY_COLUMNS (SQLite's columns: the schema is the same),
-    by SQLite's own function, which reads them in MEMORY_COLUMNS order."""
-    return memory_from_row([row[name] for name in MEMORY_FIELDS])
-
-
 class PgMemoryRows:
     """The memory-row operations of a PostgreSQL reader/writer."""
 
@@ -60,7 +53,8 @@ class PgMemoryRows:
     index_changed: bool
 
     def _memories(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Memory]:
-        return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(), params)]
+        # By position (SELECT {MEMORY_COLUMNS}), as on SQLite: by name a row costs a dict each.
+        return [memory_from_row(r) for r in self._conn.execute(sql.encode(), params)]
 
     def _value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         row = self._conn.execute(sql.encode(), params).fetchone()

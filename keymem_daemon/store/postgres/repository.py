@@ -35,7 +35,6 @@ from typing import Any, Final, Literal, TypeVar
 import psycopg
 from psycopg import IsolationLevel, errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import STORE_IDLE_TIMEOUT, STORE_LOCK_TIMEOUT, describe_store_url
@@ -46,7 +45,7 @@ from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal, syncing
-from keymem_daemon.store.postgres.memories import MEMORIES_BY_ID, PgMemoryRows, memory_of_row
+from keymem_daemon.store.postgres.memories import MEMORIES_BY_ID, PgMemoryRows
 from keymem_daemon.store.postgres.search import (
     INDEXED_TOKENS,
     LINKS_BY_MEMORY,
@@ -57,6 +56,7 @@ from keymem_daemon.store.postgres.search import (
     tokens_of_rows,
 )
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
+from keymem_daemon.store.sqlite.memories import memory_from_row
 
 logger = logging.getLogger(__name__)
 
@@ -166,10 +166,10 @@ class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectR
             return PgMemoryRows.memories(self, ids)
         wanted = list(dict.fromkeys(ids))
         # Three statements whose answers arrive together, read by the first fetch.
-        rows = self._conn.cursor(row_factory=dict_row).execute(MEMORIES_BY_ID.encode(), (wanted,))
+        rows = self._conn.execute(MEMORIES_BY_ID.encode(), (wanted,))
         tokens = self._conn.execute(INDEXED_TOKENS, (wanted,))
         links = self._conn.execute(LINKS_BY_MEMORY, (wanted,))
-        found = {m.id: m for m in map(memory_of_row, rows)}
+        found = {m.id: m for m in map(memory_from_row, rows)}
         self._ahead.append(ReadAhead(frozenset(wanted), tokens.fetchall(), links.fetchall()))
         return found
 
