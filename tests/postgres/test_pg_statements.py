@@ -200,3 +200,25 @@ def test_following_another_daemons_remember_reads_its_memory_and_its_keys_in_one
     trips = _round_trips(proxy, lambda: graph.follow_changes([saved], [], removals=False))
     assert trips == FOLLOW_ROUND_TRIPS
     assert [graph.keys.get(k).link_count for k in keys if k] == [1, 1, 1, 1]  # type: ignore[union-attr]
+
+
+def test_a_hubs_links_among_and_strongest_and_several_keys_members_take_one_round_trip(
+        graph: MemoryGraph, proxy: TcpProxy) -> None:
+    saved = [_remember(graph, f"release train {i}: Mina keeps the deploy freeze until the {i}th").saved
+             for i in range(3)]
+    keys = [k for k in (graph.keys.by_norm(normalize(k)) for k in KEYS) if k]
+    assert len(keys) == len(KEYS)
+    now = graph.clock()
+    found: list[Any] = []
+    # A very large hub's candidates (engine/reads/recall.py): its links to the query's lexical
+    # candidates and its strongest ones, one round trip (and COMMIT); before, one each.
+    links = [_round_trips(proxy, lambda: found.append(graph.store.read(
+        lambda r: r.key_links(keys[0], among=saved[:2], strongest=2)))) for _ in range(5)]
+    assert _typical(links) == 2, links
+    assert len(found[0]) == 4 and {m for m, _ in found[0][:2]} == set(saved[:2])
+    # The push path's key channel asks for several keys' members at once: one round trip for
+    # all (and COMMIT); before, one per key.
+    members = [_round_trips(proxy, lambda: found.append(graph.store.read(
+        lambda r: r.key_members(keys, None, now, 5)))) for _ in range(5)]
+    assert _typical(members) == 2, members
+    assert {k: sorted(m for m, _ in v) for k, v in found[-1].items()} == {k: sorted(saved) for k in keys}

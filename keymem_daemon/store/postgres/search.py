@@ -157,27 +157,28 @@ class PgSearchRows:
                     ) -> dict[str, list[tuple[str, float]]]:
         where, params = _scope(scope)
         out: dict[str, list[tuple[str, float]]] = {}
-        for kid in key_ids:
-            out[kid] = [(r[0], float(r[1])) for r in self._conn.execute(
-                f"SELECT l.memory_id, l.weight FROM links l JOIN memories m ON m.id = l.memory_id "
-                f"WHERE l.key_id = %s AND {ACTIVE}{where} ORDER BY l.weight DESC, l.memory_id LIMIT %s".encode(),
-                [kid, now, *params, per_key])]
+        sql = (f"SELECT l.memory_id, l.weight FROM links l JOIN memories m ON m.id = l.memory_id "
+               f"WHERE l.key_id = %s AND {ACTIVE}{where} ORDER BY l.weight DESC, l.memory_id LIMIT %s").encode()
+        # Every key's statement sent before the first answer is read: one round trip for all.
+        asked = [(kid, self._conn.execute(sql, [kid, now, *params, per_key])) for kid in key_ids]
+        for kid, rows in asked:
+            out[kid] = [(r[0], float(r[1])) for r in rows]
         return out
 
     def key_links(self, key_id: str, *, among: Sequence[str] | None = None, strongest: int | None = None
                   ) -> list[tuple[str, float]]:
-        if among is not None:
-            if not among:
-                return []
-            rows = self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = %s AND memory_id = ANY(%s) "
-                                      "ORDER BY memory_id", (key_id, list(among)))
-        elif strongest is not None:
-            rows = self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = %s "
-                                      "ORDER BY weight DESC, memory_id LIMIT %s", (key_id, strongest))
-        else:
-            rows = self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = %s ORDER BY memory_id",
-                                      (key_id,))
-        return [(r[0], float(r[1])) for r in rows]
+        asked: list[psycopg.Cursor[Any]] = []
+        if among:
+            asked.append(self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = %s "
+                                            "AND memory_id = ANY(%s) ORDER BY memory_id", (key_id, list(among))))
+        if strongest is not None:
+            asked.append(self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = %s "
+                                            "ORDER BY weight DESC, memory_id LIMIT %s", (key_id, strongest)))
+        if among is None and strongest is None:
+            asked.append(self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = %s "
+                                            "ORDER BY memory_id", (key_id,)))
+        # Both statements sent before the first answer is read: one round trip.
+        return [(r[0], float(r[1])) for rows in asked for r in rows]
 
     def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
         return links_of_rows(self._conn.execute(LINKS_BY_MEMORY, (list(dict.fromkeys(memory_ids)),)))
