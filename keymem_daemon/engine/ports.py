@@ -392,7 +392,8 @@ class SearchReads(Protocol):
     def key_links(self, key_id: str, *, among: Sequence[str] | None = None, strongest: int | None = None
                   ) -> list[tuple[str, float]]:
         """A key's links, active memories or not, as (memory id, weight): those to ``among``,
-        else its ``strongest`` few (strongest first), else all of them."""
+        then its ``strongest`` few (strongest first; both in one request to a server); with
+        neither, all of them."""
         ...
 
     def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:

@@ -38,14 +38,15 @@ REMEMBER_STATEMENTS = 5
 # (main: 4 of known keys, 6 with one new key).
 REMEMBER_ROUND_TRIPS = 3
 REMEMBER_NEW_KEY_ROUND_TRIPS = 4
-# One recall of a query that finds a key: one read unit (its steps -- the query's token
-# statistics; its lexical candidates, their rows, tokens and links; the key's members, their
-# rows, tokens and links; the Top-1's links -- read one snapshot). Before: four units, each
-# its own transaction and COMMIT (main: 14 round trips), and before them a fifth, empty one
-# for the counts the in-memory index holds, and the candidates' links read a second time.
+# One recall of a query that finds a key: one read unit of nine statements in six round trips:
+# the query's token statistics; its lexical candidates; their rows, with their tokens and links
+# (three statements whose answers come back together: store/postgres/repository.py, ReadAhead);
+# the key's members; their rows, tokens and links, the same way (the Top-1's links among them);
+# COMMIT. Before: the rows, the tokens and the links one round trip each, and the Top-1's links
+# read again (10 statements, 11 round trips); before that four units (main: 14 round trips).
 RECALL_UNITS = 1
-RECALL_STATEMENTS = 10
-RECALL_ROUND_TRIPS = RECALL_STATEMENTS + 1  # and its COMMIT
+RECALL_STATEMENTS = 9
+RECALL_ROUND_TRIPS = 6
 # A daemon following that remember from the change log: the memory's vector, keys and state
 # in one statement, its four keys' rows in one, their member counts, COMMIT. Before: the
 # memory's vector, whether it is current, its keys and its state, then each key's vector and
@@ -172,7 +173,7 @@ def test_one_remember_is_three_round_trips_and_a_new_key_adds_one(
     assert wave is not None and wave.link_count == 1 and wave.concept == "canary wave 0"
 
 
-def test_one_recall_is_one_unit_of_at_most_ten_statements_and_eleven_round_trips(
+def test_one_recall_is_one_unit_of_at_most_nine_statements_and_six_round_trips(
         graph: MemoryGraph, counted_cluster: PgCluster, proxy: TcpProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(6):
         _remember(graph, f"release train {i}: Mina keeps the deploy freeze until the {i}th")
@@ -199,3 +200,25 @@ def test_following_another_daemons_remember_reads_its_memory_and_its_keys_in_one
     trips = _round_trips(proxy, lambda: graph.follow_changes([saved], [], removals=False))
     assert trips == FOLLOW_ROUND_TRIPS
     assert [graph.keys.get(k).link_count for k in keys if k] == [1, 1, 1, 1]  # type: ignore[union-attr]
+
+
+def test_a_hubs_links_among_and_strongest_and_several_keys_members_take_one_round_trip(
+        graph: MemoryGraph, proxy: TcpProxy) -> None:
+    saved = [_remember(graph, f"release train {i}: Mina keeps the deploy freeze until the {i}th").saved
+             for i in range(3)]
+    keys = [k for k in (graph.keys.by_norm(normalize(k)) for k in KEYS) if k]
+    assert len(keys) == len(KEYS)
+    now = graph.clock()
+    found: list[Any] = []
+    # A very large hub's candidates (engine/reads/recall.py): its links to the query's lexical
+    # candidates and its strongest ones, one round trip (and COMMIT); before, one each.
+    links = [_round_trips(proxy, lambda: found.append(graph.store.read(
+        lambda r: r.key_links(keys[0], among=saved[:2], strongest=2)))) for _ in range(5)]
+    assert _typical(links) == 2, links
+    assert len(found[0]) == 4 and {m for m, _ in found[0][:2]} == set(saved[:2])
+    # The push path's key channel asks for several keys' members at once: one round trip for
+    # all (and COMMIT); before, one per key.
+    members = [_round_trips(proxy, lambda: found.append(graph.store.read(
+        lambda r: r.key_members(keys, None, now, 5)))) for _ in range(5)]
+    assert _typical(members) == 2, members
+    assert {k: sorted(m for m, _ in v) for k, v in found[-1].items()} == {k: sorted(saved) for k in keys}

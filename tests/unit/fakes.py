@@ -511,12 +511,11 @@ class InMemoryReader:
     def key_links(self, key_id: str, *, among: Sequence[str] | None = None, strongest: int | None = None
                   ) -> list[tuple[str, float]]:
         links = [(mid, w) for mid, w, _ in self._links_of_key(key_id)]
-        if among is not None:
-            wanted = set(among)
-            return [link for link in links if link[0] in wanted]
-        if strongest is not None:
-            return sorted(links, key=lambda link: -link[1])[:strongest]
-        return links
+        if among is None and strongest is None:
+            return links
+        wanted = set(among or ())
+        return [link for link in links if link[0] in wanted] + (
+            sorted(links, key=lambda link: -link[1])[:strongest] if strongest is not None else [])
 
     def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
         out: dict[str, dict[str, tuple[float, bool]]] = {}

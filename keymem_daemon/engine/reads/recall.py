@@ -101,7 +101,7 @@ def rank_key_members(graph: MemoryGraph, key_id: str, query: str | None, namespa
             # cost tens of milliseconds.
             close = list(near) if near is not None else [
                 m for m, _ in lexical(reader, plan.match_tokens, scope, now, limit=2 * CHANNEL_DEPTH)]
-            rows = reader.key_links(key_id, among=close) + reader.key_links(key_id, strongest=pool)
+            rows = reader.key_links(key_id, among=close, strongest=pool)
             weights = dict(rows)
             ids = _prefilter(graph, plan, list(weights), weights, 2 * pool, scope)
         elif plan is not None and pool is not None and total > pool:

@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Alias, MemoryFilter
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.postgres.memories import ACTIVE, memory_of_row
+from keymem_daemon.store.postgres.memories import ACTIVE
 from keymem_daemon.store.postgres.pipeline import affected
-from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS
+from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, memory_from_row
 
 
 class PgInspectRows:
@@ -38,7 +37,7 @@ class PgInspectRows:
             params.insert(0, where.key_id)  # type: ignore[arg-type]
         sql = (f"SELECT {MEMORY_COLUMNS} FROM memories m {join} WHERE {' AND '.join(clauses)} "
                "ORDER BY m.created_at DESC LIMIT %s")
-        return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(),
+        return [memory_from_row(r) for r in self._conn.execute(sql.encode(),
                                                                                           [*params, limit])]
 
     def strongest_links(self, memory_ids: Sequence[str], *, per_memory: int | None = None
@@ -69,7 +68,7 @@ class PgInspectRows:
             "GROUP BY l2.key_id ORDER BY n DESC, l2.key_id LIMIT %s", (key_id, sample, key_id, limit))]
 
     def strongest_members(self, key_id: str, *, now: float, limit: int) -> list[Memory]:
-        return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(
+        return [memory_from_row(r) for r in self._conn.execute(
             f"SELECT {MEMORY_COLUMNS} FROM links l JOIN memories m ON m.id = l.memory_id "
             f"WHERE l.key_id = %s AND {ACTIVE} ORDER BY l.weight DESC, m.depth DESC LIMIT %s".encode(),
             (key_id, now, limit))]

@@ -9,18 +9,19 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import psycopg
-from psycopg.rows import dict_row
 
 from keymem_daemon.engine.keys import MemberState
 from keymem_daemon.engine.ports import MemoryRow, StoreCounts
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, MEMORY_FIELDS, memory_from_row
+from keymem_daemon.store.sqlite.memories import MEMORY_COLUMNS, memory_from_row
 
 # A memory is active until (and including) its expiry instant, as Memory.expired says.
 ACTIVE: Final = "m.superseded_by IS NULL AND (m.expires_at IS NULL OR m.expires_at >= %s)"
 # One stored token as a tsquery lexeme, quoted as keymem_tsvector quotes it (schema.py).
 _LEXEME_QUERY: Final = "('''' || replace(replace(t, '\\', '\\\\'), '''', '''''') || '''')::tsquery"
 
+
+MEMORIES_BY_ID: Final = f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY(%s)"
 
 STREAM_ROWS: Final = 4096
 """Rows per round trip of a streamed read (a load, the replica's fill): 8 MB of 512-d vectors,
@@ -44,12 +45,6 @@ def streamed(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()
     conn.execute(b"CLOSE keymem_stream")
 
 
-def memory_of_row(row: Mapping[str, Any]) -> Memory:
-    """A Memory from a dict row of MEMORY_COLUMNS (SQLite's columns: the schema is the same),
-    by SQLite's own function, which reads them in MEMORY_COLUMNS order."""
-    return memory_from_row([row[name] for name in MEMORY_FIELDS])
-
-
 class PgMemoryRows:
     """The memory-row operations of a PostgreSQL reader/writer."""
 
@@ -58,7 +53,8 @@ class PgMemoryRows:
     index_changed: bool
 
     def _memories(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Memory]:
-        return [memory_of_row(r) for r in self._conn.cursor(row_factory=dict_row).execute(sql.encode(), params)]
+        # By position (SELECT {MEMORY_COLUMNS}), as on SQLite: by name a row costs a dict each.
+        return [memory_from_row(r) for r in self._conn.execute(sql.encode(), params)]
 
     def _value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         row = self._conn.execute(sql.encode(), params).fetchone()
@@ -69,9 +65,7 @@ class PgMemoryRows:
         return found[0] if found else None
 
     def memories(self, ids: Iterable[str]) -> dict[str, Memory]:
-        wanted = list(dict.fromkeys(ids))
-        return {m.id: m for m in self._memories(f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY(%s)",
-                                                (wanted,))}
+        return {m.id: m for m in self._memories(MEMORIES_BY_ID, (list(dict.fromkeys(ids)),))}
 
     def memory_content(self, memory_id: str) -> str | None:
         value = self._value("SELECT content FROM memories WHERE id = %s", (memory_id,))

@@ -27,7 +27,7 @@ import random
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -39,14 +39,24 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from keymem_daemon.config import STORE_IDLE_TIMEOUT, STORE_LOCK_TIMEOUT, describe_store_url
 from keymem_daemon.engine.ports import Reader, Writer
+from keymem_daemon.engine.records import Memory
 from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
 from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal, syncing
-from keymem_daemon.store.postgres.memories import PgMemoryRows
-from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
+from keymem_daemon.store.postgres.memories import MEMORIES_BY_ID, PgMemoryRows
+from keymem_daemon.store.postgres.search import (
+    INDEXED_TOKENS,
+    LINKS_BY_MEMORY,
+    LexicalStatistics,
+    PgSearchRows,
+    PgSearchWriteRows,
+    links_of_rows,
+    tokens_of_rows,
+)
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
+from keymem_daemon.store.sqlite.memories import memory_from_row
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +131,24 @@ def _session_options(url: str, lock_timeout: float, idle_timeout: float) -> str:
     return f"{own} {limits}".strip()
 
 
+@dataclass(frozen=True, slots=True)
+class ReadAhead:
+    """The lexical-index tokens and links of memories a read unit read, read with their rows:
+    retrieval reads a candidate's rows, then its tokens and its links (the coverage, the keys
+    it lifts, the Top-1's connected keys), so on a server in one round trip instead of three.
+    One snapshot: nothing read ahead goes stale within its unit."""
+
+    memory_ids: frozenset[str]
+    tokens: list[tuple[Any, ...]]  # INDEXED_TOKENS' rows for them, in the statement's order
+    links: list[tuple[Any, ...]]  # LINKS_BY_MEMORY's, in its order (memory, then key)
+
+    def rows(self, memory_ids: list[str], of: Literal["tokens", "links"]) -> list[tuple[Any, ...]]:
+        """``of`` ``memory_ids`` (all read ahead here): the rows the statement would answer
+        for them, in its order -- the rows read for more memories, less the others."""
+        wanted = set(memory_ids)
+        return [r for r in (self.tokens if of == "tokens" else self.links) if r[0] in wanted]
+
+
 @dataclass(slots=True)
 class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectRows):
     """One snapshot of the database, on a pooled connection."""
@@ -129,6 +157,39 @@ class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectR
     _pipeline: psycopg.Pipeline  # the unit's: ``sync()`` when a statement's row count is needed
     _lexicon: LexicalStatistics
     _generation: int  # the lexicon's, before the snapshot was taken
+    # A read unit's memory reads read ahead (a write's reads stay as few as they are: under
+    # SERIALIZABLE each row read is one more that another daemon's write can conflict with).
+    _ahead: list[ReadAhead] | None = None
+
+    def memories(self, ids: Iterable[str]) -> dict[str, Memory]:
+        if self._ahead is None:
+            return PgMemoryRows.memories(self, ids)
+        wanted = list(dict.fromkeys(ids))
+        # Three statements whose answers arrive together, read by the first fetch.
+        rows = self._conn.execute(MEMORIES_BY_ID.encode(), (wanted,))
+        tokens = self._conn.execute(INDEXED_TOKENS, (wanted,))
+        links = self._conn.execute(LINKS_BY_MEMORY, (wanted,))
+        found = {m.id: m for m in map(memory_from_row, rows)}
+        self._ahead.append(ReadAhead(frozenset(wanted), tokens.fetchall(), links.fetchall()))
+        return found
+
+    def _read_ahead(self, memory_ids: list[str]) -> ReadAhead | None:
+        """What one memory read read ahead for all of ``memory_ids`` (the newest), if any."""
+        return next((a for a in reversed(self._ahead or []) if a.memory_ids.issuperset(memory_ids)), None)
+
+    def indexed_tokens(self, memory_ids: Iterable[str]) -> dict[str, tuple[list[str], list[str]]]:
+        wanted = list(dict.fromkeys(memory_ids))
+        ahead = self._read_ahead(wanted)
+        if ahead is None:
+            return PgSearchRows.indexed_tokens(self, wanted)
+        return tokens_of_rows(ahead.rows(wanted, "tokens"))
+
+    def links_by_memory(self, memory_ids: Iterable[str]) -> dict[str, dict[str, tuple[float, bool]]]:
+        wanted = list(dict.fromkeys(memory_ids))
+        ahead = self._read_ahead(wanted)
+        if ahead is None:
+            return PgSearchRows.links_by_memory(self, wanted)
+        return links_of_rows(ahead.rows(wanted, "links"))
 
 
 @dataclass(slots=True)
@@ -232,7 +293,7 @@ class PostgresRepository:
             return fn(outer)
 
         def unit(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> T:
-            self._reading.reader = reader = PgReader(conn, pipeline, self._lexicon, self._lexicon.generation)
+            self._reading.reader = reader = PgReader(conn, pipeline, self._lexicon, self._lexicon.generation, [])
             try:
                 return fn(reader)
             finally:

@@ -221,19 +221,18 @@ class SearchRows:
 
     def key_links(self, key_id: str, *, among: Sequence[str] | None = None, strongest: int | None = None
                   ) -> list[tuple[str, float]]:
-        """A key's links, active or not, as (memory id, weight): to the memories ``among``, or
-        its ``strongest`` few (strongest first), or all of them."""
-        if among is not None:
-            if not among:
-                return []
+        """A key's links, active or not, as (memory id, weight): to the memories ``among``, then
+        its ``strongest`` few (strongest first); with neither, all of them."""
+        rows: list[Any] = []
+        if among:
             marks = ",".join("?" * len(among))
-            rows = self._conn.execute(
+            rows += self._conn.execute(
                 f"SELECT memory_id, weight FROM links WHERE key_id = ? AND memory_id IN ({marks})",
                 [key_id, *among]).fetchall()
-        elif strongest is not None:
-            rows = self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ? ORDER BY weight DESC "
-                                      "LIMIT ?", (key_id, strongest)).fetchall()
-        else:
+        if strongest is not None:
+            rows += self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ? ORDER BY weight DESC "
+                                       "LIMIT ?", (key_id, strongest)).fetchall()
+        if among is None and strongest is None:
             rows = self._conn.execute("SELECT memory_id, weight FROM links WHERE key_id = ?", (key_id,)).fetchall()
         return [(r[0], float(r[1])) for r in rows]
 
