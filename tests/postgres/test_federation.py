@@ -397,3 +397,39 @@ def test_a_concept_keyed_in_both_stores_is_one_key_to_the_tools(
     # Over one namespace, that namespace's store's key.
     one = alice.call("read_key", {"key_id": local_key, "namespace": "team-payments"})["result"]
     assert one["key"]["key_id"] == team_key and [h["memory_id"] for h in one["memories"]] == [project], one
+
+
+def test_a_relation_across_the_two_stores_is_refused_naming_both_and_nothing_is_saved(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """``related_to`` joining a personal memory and a team one (remember, remember_batch,
+    correct) cannot be kept -- each store's relations name its own memories -- so it is
+    refused before anything is written, saying which namespace lives in which store; a
+    relation inside one store is kept as ever."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway"])
+    team = daemon.remember(PROJECT, ["zebrafish-gateway"], namespace="team-payments")
+    before = daemon.export()
+    refused = [
+        ("remember", {"content": "the canary job posts to zebra-alerts", "keys": ["zebra-canary-check"],
+                      "namespace": "team-payments", "related_to": [personal]}, personal, "team-payments"),
+        ("remember", {"content": "my zebra-alerts filter hides the canary job", "keys": ["zebra-alerts"],
+                      "related_to": [team]}, team, "default"),
+        ("correct", {"memory_id": team, "content": PROJECT.replace("passes", "passes twice"),
+                     "related_to": [personal]}, personal, "team-payments"),
+        ("remember_batch", {"items": [
+            {"content": "my zebra-alerts filter hides the canary job", "keys": ["zebra-alerts"]},
+            {"content": "the canary job posts to zebra-alerts", "keys": ["zebra-canary-check"],
+             "namespace": "team-payments", "related_to": json.dumps([personal])}]}, personal, "team-payments"),
+    ]
+    for tool, arguments, other, target in refused:
+        body = daemon.call(tool, arguments)
+        text = json.dumps(body)
+        assert body["is_error"], (tool, body)
+        assert other in text and "not kept" in text and "nothing was saved" in text, (tool, body)
+        assert f"goes to namespace '{target}'" in text, (tool, body)
+        assert "sqlite" in text and "postgresql" in text, (tool, body)
+    assert daemon.export() == before
+    kept = daemon.call("remember", {"content": "the canary job posts to zebra-alerts", "keys": ["zebra-canary-check"],
+                                    "namespace": "team-payments", "related_to": [team]})
+    assert not kept["is_error"], kept
+    assert _in_postgres(pg_database, kept["result"]["saved"])
