@@ -327,7 +327,8 @@ class Federation:
         if one is not None:
             return on(one, args)
         if tool.name == "browse_keys":
-            return self._browse(args)
+            return self.browse_keys(hubs_only=args.boolean("hubs_only"), limit=args.integer("limit"),
+                                    offset=args.integer("offset"))
         if tool.name == "list_memories":
             return self._list(args)
         if tool.name == "recall":
@@ -501,11 +502,11 @@ class Federation:
         return ReadKeyResult(key=self._one_key([p.key for p in pages]), memories=handles[offset:offset + limit],
                              total=total, next_offset=offset + limit if offset + limit < total else None)
 
-    def _browse(self, args: tools.Args) -> BrowseResult:
+    def browse_keys(self, *, hubs_only: bool, limit: int, offset: int) -> BrowseResult:
         """Both stores' keys over every namespace, one per concept (counted from the in-memory
         tables, as a store's browse counts them), in browse order; the page's views read from
-        the stores holding each."""
-        limit, offset, hubs = args.integer("limit"), args.integer("offset"), args.boolean("hubs_only")
+        the stores holding each (the tool's, and the inspector's key list)."""
+        hubs = hubs_only
         answered = self.each(lambda g: (g, g.browse_keys(None, limit=0)))
         concepts: dict[str, list[tuple[MemoryGraph, KeyInfo, int]]] = {}
         for graph, _ in answered:

@@ -433,3 +433,37 @@ def test_a_relation_across_the_two_stores_is_refused_naming_both_and_nothing_is_
                                     "namespace": "team-payments", "related_to": [team]})
     assert not kept["is_error"], kept
     assert _in_postgres(pg_database, kept["result"]["saved"])
+
+
+def test_the_inspector_searches_lists_and_opens_memories_and_keys_of_both_stores(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """The inspector's pages (``/ui/api``, logged in through a link as a browser is) span both
+    stores as recall does: search and the newest memories list the personal and the team
+    memory, the memory page and its graph open the team one, the key list and key page
+    find the team store's key."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway"])
+    team = daemon.remember(PROJECT, ["zebra-canary-check"], namespace="team-payments")
+    assert _in_postgres(pg_database, team) and _in_sqlite(daemon, personal)
+    link = daemon.client().post("/v1/inspect/login-link").json()["url"]
+    browser = daemon.client(token="")
+    assert browser.get(link, follow_redirects=False).status_code == 303
+
+    def api(path: str) -> Any:
+        response = browser.get(f"/ui/api{path}")
+        assert response.status_code == 200, (path, response.text)
+        return response.json()
+
+    found = {r["id"] for r in api("/search?q=zebrafish-gateway")["results"]}
+    assert {personal, team} <= found, found
+    assert {r["id"] for r in api("/search")["results"]} == {personal, team}
+    assert [r["id"] for r in api("/search?namespace=team-payments")["results"]] == [team]
+    page = api(f"/memory/{team}")
+    assert page["memory"]["content"] == PROJECT and page["memory"]["namespace"] == "team-payments", page
+    assert f"m:{team}" in {n["id"] for n in api(f"/graph/memory/{team}")["nodes"]}
+    concepts = {k["concept"]: k["key_id"] for k in api("/keys")["keys"]}
+    assert {"zebrafish-gateway", "zebra-canary-check"} <= set(concepts), concepts
+    key_id = api("/key-by-name?concept=zebra-canary-check")["key_id"]
+    assert key_id == concepts["zebra-canary-check"]
+    assert [m["memory_id"] for m in api(f"/key/{key_id}")["members"]] == [team]
+    assert f"m:{team}" in {n["id"] for n in api(f"/graph/key/{key_id}")["nodes"]}
