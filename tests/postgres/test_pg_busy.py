@@ -84,15 +84,16 @@ def test_requests_queue_for_a_connection_while_the_server_answers_and_the_store_
 
 def test_a_pool_busy_past_its_wait_says_the_daemon_is_busy_not_that_the_server_is_gone(
         pg_cluster: PgCluster, pg_database: str) -> None:
-    """In process: one connection, held by a write the lock keeps waiting; a second unit waits
-    for the connection past ``BUSY_WAIT`` and is told the daemon is busy (503, try again),
-    naming the server, with nothing written."""
+    """In process: one connection, held by a long unit the server keeps answering; a second
+    unit waits for the connection past ``BUSY_WAIT`` and is told the daemon is busy (503, try
+    again), naming the server, with nothing written."""
     store = PostgresRepository.open(pg_database, pool_size=1, idle_timeout=3600)
     started, release = threading.Event(), threading.Event()
     try:
-        def occupy(conn: object) -> None:
+        def occupy(conn: psycopg.Connection[Any]) -> None:
             started.set()
-            release.wait()
+            while not release.wait(0.2):  # a long unit, such as the replica's fill, talking to the server
+                conn.execute("SELECT 1")
 
         holder = threading.Thread(target=lambda: store.snapshot(occupy))
         holder.start()

@@ -43,7 +43,7 @@ from keymem_daemon.errors import Conflict, Refused, StoreBusy, StoreError, Store
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
-from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal, syncing
+from keymem_daemon.store.postgres.liveness import SILENCE_TIMEOUT, WatchedConnection, refusal, syncing
 from keymem_daemon.store.postgres.memories import PgMemoryRows
 from keymem_daemon.store.postgres.search import LexicalStatistics, PgSearchRows, PgSearchWriteRows
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
@@ -74,10 +74,11 @@ not answer: a write fails clearly rather than hang the shim or the hook while th
 down."""
 BUSY_WAIT: Final = WRITE_RETRY_BUDGET
 """Seconds a unit waits for a connection while every connection of the pool is in use by this
-daemon's own units (more concurrent requests than ``POOL_SIZE``): a busy daemon, not a server
-that does not answer -- each of those units ends within the liveness watch's silence or the
-write budget -- so it waits on past ``POOL_TIMEOUT``, then says the daemon is busy
-(``StoreBusy``). Below a tool call's timeout; the hook gives up on its own, shorter one."""
+daemon's own units and the server answers them (more concurrent requests than ``POOL_SIZE``):
+a busy daemon, not a server that does not answer -- each of those units ends within the
+liveness watch's silence or the write budget -- so it waits on past ``POOL_TIMEOUT``, then
+says the daemon is busy (``StoreBusy``). Below a tool call's timeout; the hook gives up on its
+own, shorter one."""
 CONNECT_TIMEOUT: Final = 5
 """libpq's connect_timeout (whole seconds)."""
 RECONNECT_TIMEOUT: Final = 24 * 3600.0
@@ -163,6 +164,9 @@ class PostgresRepository:
         # Reentrant: an after-commit step may write again.
         self._retrying = threading.RLock()
         self._reading = threading.local()  # ``reader``: the read unit this thread is inside
+        # The connections out with this daemon's units now: whether the server answers them
+        # tells a busy daemon from a server gone (``_connection``).
+        self._out: set[psycopg.Connection[Any]] = set()
 
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE, lock_timeout: float = STORE_LOCK_TIMEOUT,
@@ -234,19 +238,26 @@ class PostgresRepository:
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection of the pool, as ``pool.connection()``; a wait past ``POOL_TIMEOUT`` goes
-        on while every connection the pool may hold is out with this daemon's units (the
-        server answers them: a busy daemon), up to ``BUSY_WAIT``, then raises ``StoreBusy``. A
-        pool short of connections it cannot make (the server does not answer) raises
+        on while every connection the pool may hold is out with this daemon's units and the
+        server keeps answering them (within the liveness watch's silence: a busy daemon), up
+        to ``BUSY_WAIT``, then raises ``StoreBusy``. A pool short of connections it cannot
+        make, or whose units hear nothing (the server or the network is gone), raises
         ``PoolTimeout`` after ``POOL_TIMEOUT``, as before."""
         since = time.monotonic()
         while True:
             try:
                 with self._pool.connection(timeout=min(POOL_TIMEOUT, since + BUSY_WAIT - time.monotonic())) as conn:
-                    yield conn
+                    self._out.add(conn)
+                    try:
+                        yield conn
+                    finally:
+                        self._out.discard(conn)
                     return
             except PoolTimeout:
                 stats = self._pool.get_stats()
-                if stats["pool_size"] < stats["pool_max"] or stats["pool_available"]:
+                now = time.monotonic()
+                answered = any(now - getattr(c, "heard_at", float("-inf")) < SILENCE_TIMEOUT for c in list(self._out))
+                if stats["pool_size"] < stats["pool_max"] or stats["pool_available"] or not answered:
                     raise
                 if time.monotonic() - since >= BUSY_WAIT:
                     raise StoreBusy(f"this daemon is busy: its {stats['pool_max']} connections to the store at "
