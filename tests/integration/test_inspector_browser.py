@@ -331,6 +331,29 @@ def test_a_write_through_the_tool_api_reaches_the_open_activity_page_over_server
     assert browser.errors == [], browser.errors
 
 
+def test_a_view_answered_after_the_user_left_it_does_not_draw_over_the_next_one(
+        daemon: DaemonProcess, browser: Browser) -> None:
+    """The search page draws once /health answers; a user already on the activity page by then
+    (a busy daemon, a quick click) must keep it. /health is held until the activity page shows:
+    the order two xdist workers on a loaded machine produced by chance, which left the test above
+    waiting for an activity feed the late search page had replaced."""
+    page = browser.page()
+    held: list[Any] = []
+    page.route("**/ui/api/health", lambda route: held.append(route))
+    page.goto(login_url(daemon))
+    page.wait_for_selector("nav a[aria-current=page]")
+    page.goto(f"{daemon.url}/ui/#/activity")
+    page.wait_for_selector("#feed .empty")
+    assert len(held) == 1, "the search page asks for /health before it draws"
+    with page.expect_response("**/ui/api/health"):
+        held[0].continue_()
+
+    memory = daemon.remember("The release train leaves every second Thursday.", ["release", "schedule"])
+    page.locator(f"#feed .entry:has(a[href='#/memory/{memory}'])").wait_for()
+    assert page.inner_text("main h1") == "Activity"
+    assert browser.errors == [], browser.errors
+
+
 def test_an_export_file_imported_from_the_health_page_restores_memories_and_a_bad_file_changes_nothing(
         daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
     ids = seed(daemon, NEWTON, APPLE)

@@ -12,6 +12,7 @@ const statusLine = document.getElementById("status");
 const ACTIVITY_POLL_MS = 2000;
 let activityTimer = null;
 let activityStream = null;
+let viewSerial = 0;
 
 // -- helpers ------------------------------------------------------------------------------
 
@@ -81,6 +82,15 @@ function heading(text) {
   return h;
 }
 
+// A view that waits for its data may get it after the user has gone on to another view (a
+// slow answer from a busy daemon, a quick click on the next tab): it must not draw over that
+// one. route() counts the views it starts; a view draws what it waited for only while it is
+// still the latest.
+function started() {
+  const serial = viewSerial;
+  return () => serial === viewSerial;
+}
+
 function show(...nodes) {
   main.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined));
   const h = main.querySelector("h1");
@@ -114,10 +124,12 @@ const FILTERS = ["namespace", "status", "decay_profile", "key", "agent", "sessio
 
 async function viewSearch(hash) {
   const p = params(hash);
+  const current = started();
   const select = (name, options) => el("select", { name, id: "f-" + name },
     el("option", { value: "" }, "any"), options.map((o) => el("option", { value: o, selected: p.get(name) === o }, o)));
   let namespaces = [];
   try { namespaces = Object.keys((await api("/health")).stats.namespaces || {}); } catch (e) { say(e.message, true); }
+  if (!current()) return;
   const dateValue = (name) => p.get(name) ? new Date(Number(p.get(name)) * 1000).toISOString().slice(0, 10) : "";
   const form = el("form", { class: "filters", role: "search" },
     el("div", { class: "wide" },
@@ -204,12 +216,14 @@ function plot(points, now) {
 }
 
 async function viewMemory(id) {
+  const current = started();
   show(heading("Memory " + id), el("p", { class: "muted" }, "Loading…"));
   let m;
   try { m = await api("/memory/" + encodeURIComponent(id)); } catch (e) {
-    show(heading("Memory " + id), el("p", { class: "error" }, e.message));
+    if (current()) show(heading("Memory " + id), el("p", { class: "error" }, e.message));
     return;
   }
+  if (!current()) return;
   const mem = m.memory;
   const keyRows = m.keys.map((k) => [
     el("a", { href: "#/key/" + k.key_id }, k.concept), String(k.link_weight), k.is_hub ? "hub" : "",
@@ -303,12 +317,14 @@ async function viewMemory(id) {
 // -- key ----------------------------------------------------------------------------------
 
 async function viewKey(id) {
+  const current = started();
   show(heading("Key"), el("p", { class: "muted" }, "Loading…"));
   let k;
   try { k = await api("/key/" + encodeURIComponent(id)); } catch (e) {
-    show(heading("Key " + id), el("p", { class: "error" }, e.message));
+    if (current()) show(heading("Key " + id), el("p", { class: "error" }, e.message));
     return;
   }
+  if (!current()) return;
   const key = k.key;
   show(
     heading("Key: " + key.concept),
@@ -447,6 +463,7 @@ function entryRow(e) {
 
 async function viewActivity(hash) {
   const p = params(hash);
+  const current = started();
   const kinds = ["", "inject", "remember", "remember_batch", "correct", "forget", "confirm_memory", "dismiss", "import"];
   const kindSelect = el("select", { id: "kind", "aria-label": "Kind", onchange: () => {
     location.hash = "#/activity" + (kindSelect.value ? "?kind=" + kindSelect.value : "");
@@ -473,6 +490,7 @@ async function viewActivity(hash) {
     } catch (e) { say(e.message, true); }
   }
   await poll();
+  if (!current()) return;  // left while the first page loaded: no stream for a feed nobody sees
   // Live: server-sent events; polling if the browser has no EventSource or the stream fails.
   if (typeof EventSource === "undefined") { activityTimer = setInterval(poll, ACTIVITY_POLL_MS); return; }
   const stream = new EventSource("/ui/api/activity/stream?after=" + latest + (kind ? "&kind=" + kind : ""));
@@ -492,11 +510,13 @@ async function viewActivity(hash) {
 // -- health -------------------------------------------------------------------------------
 
 async function viewHealth() {
+  const current = started();
   let h;
   try { h = await api("/health"); } catch (e) {
-    show(heading("Health"), el("p", { class: "error" }, e.message));
+    if (current()) show(heading("Health"), el("p", { class: "error" }, e.message));
     return;
   }
+  if (!current()) return;
   const s = h.stats;
   const rr = s.reranker || {};
   const fileInput = el("input", { type: "file", id: "import-file", accept: "application/json,.json", "aria-label": "Export file to import" });
@@ -561,6 +581,7 @@ async function importFile(fileInput, outcome) {
 function route() {
   if (activityTimer !== null) { clearInterval(activityTimer); activityTimer = null; }
   if (activityStream !== null) { activityStream.close(); activityStream = null; }
+  viewSerial += 1;
   const hash = location.hash || "#/search";
   const view = hash.slice(2).split(/[/?]/)[0] || "search";
   for (const link of document.querySelectorAll("nav a")) {
