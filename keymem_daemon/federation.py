@@ -492,7 +492,16 @@ class Federation:
         twin = self.twin(other, key_id)
         if twin is None or twin == key_id:
             return on(home, args)
-        limit, offset, query = args.integer("limit"), args.integer("offset"), args.text("query")
+        return self.read_key_in_both(key_id, twin, query=args.text("query"), limit=args.integer("limit"),
+                                     offset=args.integer("offset"))
+
+    def read_key_in_both(self, key_id: str, twin: str, *, query: str | None, limit: int,
+                         offset: int) -> ReadKeyResult:
+        """A concept keyed in both stores (``key_id`` in one, ``twin`` the other's key of it):
+        its memories in both, ranked together, paged as one list (the tool's and the
+        inspector's key page)."""
+        home = self.for_key(key_id)
+        other = self.team if home is self.local else self.local
         ids = {id(home): key_id, id(other): twin}
         pages: list[ReadKeyResult] = self.each(
             lambda g: g.read_key(ids[id(g)], query=query, limit=offset + limit, offset=0))

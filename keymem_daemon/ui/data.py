@@ -266,19 +266,33 @@ class Inspector:
 
     def key(self, key_id: str, *, namespace: str | None = None) -> dict[str, Any]:
         graph = self._holding_key(key_id)
-        ranked = graph.read_key(key_id, namespace=namespace or None, limit=KEY_MEMBERS)
+        federated = self.service.federation
+        other = None if federated is None else federated.team if graph is federated.local else federated.local
+        twin = federated.twin(other, key_id) if federated is not None and other is not None else None
+        both = federated is not None and not namespace and twin is not None and twin != key_id
+        if federated is not None and twin is not None and both:
+            # A concept keyed in both stores: its members in both, as the read_key tool lists them.
+            ranked = federated.read_key_in_both(key_id, twin, query=None, limit=KEY_MEMBERS, offset=0)
+        else:
+            ranked = graph.read_key(key_id, namespace=namespace or None, limit=KEY_MEMBERS)
         kid = ranked.key.key_id
+        member_ids = [h.memory_id for h in ranked.memories]
+
+        def contents_in(g: MemoryGraph) -> dict[str, str]:
+            found = g.store.read(lambda reader: reader.memories(member_ids))
+            return {mid: preview(m.content, 200) for mid, m in found.items()}
 
         def read(reader: Reader) -> dict[str, Any]:
             aliases = render(reader.aliases_of(kid))
-            contents = reader.memories([h.memory_id for h in ranked.memories])
             co = reader.co_occurring_keys(kid, sample=CO_KEY_SAMPLE, limit=CO_KEYS)
             return {"aliases": aliases,
-                    "contents": {mid: preview(m.content, 200) for mid, m in contents.items()},
                     "co_keys": [{"key_id": r[0], "concept": info.concept, "count": r[1]} for r in co
                                 if (info := graph.keys.get(r[0])) is not None]}
 
         extra = graph.store.read(read)
+        extra["contents"] = {mid: text for _, found in (self._over(None, contents_in) if both
+                                                         else [(graph, contents_in(graph))])
+                             for mid, text in found.items()}
         members = []
         for handle in render(ranked.memories):
             handle["content"] = extra["contents"].get(handle["memory_id"], "")

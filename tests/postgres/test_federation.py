@@ -440,10 +440,11 @@ def test_the_inspector_searches_lists_and_opens_memories_and_keys_of_both_stores
     """The inspector's pages (``/ui/api``, logged in through a link as a browser is) span both
     stores as recall does: search and the newest memories list the personal and the team
     memory, the memory page and its graph open the team one, the key list and key page
-    find the team store's key."""
+    find the team store's key, and a concept keyed in both stores is one key whose page
+    lists the members of both."""
     daemon = _start(factories, tmp_path, "a", pg_database)
     personal = daemon.remember(PERSONAL, ["zebrafish-gateway"])
-    team = daemon.remember(PROJECT, ["zebra-canary-check"], namespace="team-payments")
+    team = daemon.remember(PROJECT, ["zebra-canary-check", "zebrafish-gateway"], namespace="team-payments")
     assert _in_postgres(pg_database, team) and _in_sqlite(daemon, personal)
     link = daemon.client().post("/v1/inspect/login-link").json()["url"]
     browser = daemon.client(token="")
@@ -467,3 +468,8 @@ def test_the_inspector_searches_lists_and_opens_memories_and_keys_of_both_stores
     assert key_id == concepts["zebra-canary-check"]
     assert [m["memory_id"] for m in api(f"/key/{key_id}")["members"]] == [team]
     assert f"m:{team}" in {n["id"] for n in api(f"/graph/key/{key_id}")["nodes"]}
+    keys = api("/keys")["keys"]
+    assert [k["concept"] for k in keys].count("zebrafish-gateway") == 1, keys
+    shared = api(f"/key/{concepts['zebrafish-gateway']}")
+    assert {m["memory_id"] for m in shared["members"]} == {personal, team}, shared
+    assert all(m["content"] for m in shared["members"]), shared
