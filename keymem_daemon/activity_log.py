@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from keymem_daemon.engine.ports import ActivityEntry, ActivityRow, Reader, Repository, Writer
-from keymem_daemon.errors import StoreUnavailable
+from keymem_daemon.errors import StoreBusy, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class ActivityLog:
             if rows:
                 try:
                     self._store.write(functools.partial(self._insert, rows=rows))
-                except StoreUnavailable as exc:  # a shared store's server that is down: said once per batch
+                except (StoreUnavailable, StoreBusy) as exc:  # a server down, or a busy pool: said once a batch
                     logger.warning("%d activity entries not written: %s", len(rows), exc.message)
                 except Exception:
                     logger.exception("could not write %d activity entries", len(rows))

@@ -14,6 +14,7 @@
     ├── NotReady                503 not_ready      models or store still loading
     ├── StoreError              500 store_error    the database refused (corrupt, newer schema)
     │   └── StoreUnavailable    500 store_unavailable  the shared store's server does not answer
+    ├── StoreBusy               503 store_busy     every connection to the shared store is in use
     ├── ModelError              503 model_error    a model could not be loaded or fetched
     ├── ConfigError             500 config_error   a KEYMEM_* variable has a bad value
     └── DaemonNotRunning        503 daemon_down    client side: no live daemon for this data dir
@@ -127,6 +128,15 @@ class StoreUnavailable(StoreError):
     was written; reads are served from the daemon's local replica where it has one."""
 
     code = "store_unavailable"
+
+
+class StoreBusy(KeymemError):
+    """Every connection of the daemon to a shared store's server stayed in use by its other
+    requests for as long as a request may wait: the server answers and the store is not
+    stale (no ``StoreError``: nothing is wrong with it); nothing was done, try again."""
+
+    status = 503
+    code = "store_busy"
 
 
 class ModelError(KeymemError):

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
-from keymem_daemon.config import Settings
+from keymem_daemon.config import Settings, describe_store_url
 from keymem_daemon.engine import limits, transfer
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import KeyInfo
@@ -55,7 +55,7 @@ from keymem_daemon.engine.records import (
     render,
 )
 from keymem_daemon.engine.text import normalize, normalize_namespace
-from keymem_daemon.engine.validate import namespace_arg
+from keymem_daemon.engine.validate import namespace_arg, related_arg
 from keymem_daemon.engine.writes.remember import Host
 from keymem_daemon.errors import InvalidInput, StoreError
 from keymem_daemon.mcp import tools
@@ -310,11 +310,15 @@ class Federation:
         route = ROUTES[tool.name]
         if route == "memory":
             graph = self.for_memory(args.raw("memory_id"))
+            if "related_to" in tool.properties:  # correct: the new version stays in the old one's store
+                self._refuse_across(graph, None, args.raw("memory_id"), args.raw("related_to"), "related_to")
             return on(graph, self._keys_in(graph, tool, arguments, args))
         if route == "key":
             return self._read_key(tool, arguments, args, on)
         if route == "write":
-            return on(self.for_write(args.raw("namespace")), args)
+            graph = self.for_write(args.raw("namespace"))
+            self._refuse_across(graph, args.raw("namespace"), None, args.raw("related_to"), "related_to")
+            return on(graph, args)
         if route == "batch":
             return self._batch(tool, arguments or {}, args, on)
         if route == "local":
@@ -323,7 +327,8 @@ class Federation:
         if one is not None:
             return on(one, args)
         if tool.name == "browse_keys":
-            return self._browse(args)
+            return self.browse_keys(hubs_only=args.boolean("hubs_only"), limit=args.integer("limit"),
+                                    offset=args.integer("offset"))
         if tool.name == "list_memories":
             return self._list(args)
         if tool.name == "recall":
@@ -341,6 +346,9 @@ class Federation:
         parts: dict[int, tuple[MemoryGraph, list[int]]] = {}
         for index, item in enumerate(items):
             graph = self.for_write(item.get("namespace") if isinstance(item, Mapping) else None)
+            if isinstance(item, Mapping):
+                self._refuse_across(graph, item.get("namespace"), None, item.get("related_to"),
+                                    f"items[{index}].related_to")
             parts.setdefault(id(graph), (graph, []))[1].append(index)
         if len(parts) == 1:
             return on(next(iter(parts.values()))[0], args)
@@ -358,6 +366,45 @@ class Federation:
         if batch_id is not None:
             merged["batch_id"] = batch_id
         return Replayed(merged)  # an answer already rendered: forwarded as it is
+
+    def _refuse_across(self, graph: MemoryGraph, namespace: object, corrected: object, related_to: object,
+                       field: str) -> None:
+        """Refuse (``InvalidInput``, before anything is written) a write into ``graph`` -- a
+        memory of ``namespace``, or the new version of memory ``corrected`` -- whose
+        ``related_to`` names memories of the other store: each store's relations name its own
+        memories, so such a relation cannot be kept. A malformed or unknown id is left to
+        the engine, which refuses it as without team memory."""
+        try:
+            related = related_arg(related_to)
+        except InvalidInput:
+            return
+        if not related:
+            return
+        other = self.team if graph is self.local else self.local
+        try:
+            held = graph.store.read(lambda reader: reader.memories(related))
+            elsewhere = other.store.read(lambda reader: reader.memories([r for r in related if r not in held]))
+            old = graph.store.read(lambda reader: reader.memory(corrected)) if isinstance(corrected, str) else None
+        except StoreError:
+            return  # a store that does not answer: the engine's own error says so
+        if not elsewhere or (corrected is not None and old is None):
+            return
+        target = old.namespace if old is not None else (
+            normalize_namespace(namespace) if namespace is None or isinstance(namespace, str) else None)
+        names = sorted({memory.namespace for memory in elsewhere.values()})
+        raise InvalidInput(
+            f"{field} names {', '.join(list(elsewhere)[:5])} of namespace {', '.join(map(repr, names))}, which "
+            f"lives in {self._store_name(other)}, but this memory goes to namespace {target!r} in "
+            f"{self._store_name(graph)}: a relation between memories of the two stores is not kept (each store's "
+            "relations name its own memories; KEYMEM_TEAM_NAMESPACES says which namespaces live on the server); "
+            "nothing was saved", field=field)
+
+    def _store_name(self, graph: MemoryGraph) -> str:
+        """``graph``'s store as ``keymemd status`` names it."""
+        if graph is self.local:
+            return f"the local store (sqlite {self.settings.db_path})"
+        assert self.settings.store_url is not None  # a federation has a team store
+        return f"the team store ({describe_store_url(self.settings.store_url)})"
 
     # -- one key per concept ----------------------------------------------------------------
     # A concept linked from memories of both stores has a key in each (each store's links name
@@ -445,7 +492,16 @@ class Federation:
         twin = self.twin(other, key_id)
         if twin is None or twin == key_id:
             return on(home, args)
-        limit, offset, query = args.integer("limit"), args.integer("offset"), args.text("query")
+        return self.read_key_in_both(key_id, twin, query=args.text("query"), limit=args.integer("limit"),
+                                     offset=args.integer("offset"))
+
+    def read_key_in_both(self, key_id: str, twin: str, *, query: str | None, limit: int,
+                         offset: int) -> ReadKeyResult:
+        """A concept keyed in both stores (``key_id`` in one, ``twin`` the other's key of it):
+        its memories in both, ranked together, paged as one list (the tool's and the
+        inspector's key page)."""
+        home = self.for_key(key_id)
+        other = self.team if home is self.local else self.local
         ids = {id(home): key_id, id(other): twin}
         pages: list[ReadKeyResult] = self.each(
             lambda g: g.read_key(ids[id(g)], query=query, limit=offset + limit, offset=0))
@@ -455,11 +511,11 @@ class Federation:
         return ReadKeyResult(key=self._one_key([p.key for p in pages]), memories=handles[offset:offset + limit],
                              total=total, next_offset=offset + limit if offset + limit < total else None)
 
-    def _browse(self, args: tools.Args) -> BrowseResult:
+    def browse_keys(self, *, hubs_only: bool, limit: int, offset: int) -> BrowseResult:
         """Both stores' keys over every namespace, one per concept (counted from the in-memory
         tables, as a store's browse counts them), in browse order; the page's views read from
-        the stores holding each."""
-        limit, offset, hubs = args.integer("limit"), args.integer("offset"), args.boolean("hubs_only")
+        the stores holding each (the tool's, and the inspector's key list)."""
+        hubs = hubs_only
         answered = self.each(lambda g: (g, g.browse_keys(None, limit=0)))
         concepts: dict[str, list[tuple[MemoryGraph, KeyInfo, int]]] = {}
         for graph, _ in answered:

@@ -337,8 +337,8 @@ class Service:
         refused = self._connector.refused if self._connector is not None else None
         if refused is not None:  # the server answered and refused this daemon: no retry cures it
             return f"possibly stale: {refused}; {reads} and writes fail until it is fixed and keymemd restarted"
-        return (f"possibly stale: the store at {describe_store_url(url)} does not answer ({why}); {reads} "
-                "and writes fail until it is back (it reconnects by itself)")
+        return (f"possibly stale: {team.unavailable(why)}; {reads} and writes fail until it is back (it "
+                "reconnects by itself)")
 
     def _stale_since(self, before: str | None) -> str | None:
         """``stale`` for an answer whose work began when ``stale`` said ``before``: marked when

@@ -2,6 +2,7 @@
 evidence kinds. Each failure is an ``InvalidInput`` naming its field."""
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
 from typing import Final
@@ -53,6 +54,21 @@ def namespace_arg(value: object, *, field: str = "namespace") -> str | None:
         return None
     text = require_str(value, field)
     return normalize_namespace(text) if text.strip() else None
+
+
+def related_arg(value: object) -> list[str]:
+    """A ``related_to`` argument: memory ids, as an array or a JSON array in a string (or one
+    id), each once in the order given; None is none."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip().startswith("[") else [value]
+        except json.JSONDecodeError:
+            raise InvalidInput("related_to is not a JSON array", field="related_to") from None
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise InvalidInput("related_to must be an array of memory ids", field="related_to")
+    return list(dict.fromkeys(value))
 
 
 def key_id_arg(value: object) -> str:

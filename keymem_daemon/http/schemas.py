@@ -202,7 +202,7 @@ ERRORS: Final[dict[int | str, dict[str, Any]]] = {
         (415, "Request body is not application/json"),
         (422, "Invalid request body"),
         (500, "Internal error"),
-        (503, "Still loading, or loading failed"),
+        (503, "Still loading, loading failed, or every connection to the shared store busy (store_busy: try again)"),
     )
 }
 """The errors any route may answer, in the one shape."""

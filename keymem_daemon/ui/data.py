@@ -1,22 +1,26 @@
 """What the inspector's pages show, read from the service without side effects.
 
 Each method answers one page (search, memory, key, graph, activity, health) with JSON-ready
-data. Reads never count an access, reinforce an edge or confirm anything: a person
-looking at a memory is not an agent using it. Writes are not here: the pages call the tools
-(``Service.call_tool``), the same operations agents use.
+data. With team namespaces apart (``federation.py``) the pages span both stores as the tools
+do: search and the newest memories merge both stores' results, a memory or key page reads
+the store holding it, the key list is the tools' one key per concept. Reads never count an
+access, reinforce an edge or confirm anything: a person looking at a memory is not an agent
+using it. Writes are not here: the pages call the tools (``Service.call_tool``), the same
+operations agents use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from keymem_daemon.activity_log import preview
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
+from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.ports import MemoryFilter, Reader
 from keymem_daemon.engine.reads.hybrid import hybrid_recall
 from keymem_daemon.engine.reads.query import scope_of
@@ -24,6 +28,8 @@ from keymem_daemon.engine.records import Memory, render
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.errors import InvalidInput, NotFound
 from keymem_daemon.service import Service
+
+T = TypeVar("T")
 
 MAX_RESULTS: Final = 100
 FILTER_POOL: Final = 100
@@ -93,6 +99,30 @@ class Inspector:
     def __init__(self, service: Service) -> None:
         self.service = service
 
+    # -- which store ------------------------------------------------------------------
+
+    def _over(self, namespace: str | None, fn: Callable[[MemoryGraph], T]) -> list[tuple[MemoryGraph, T]]:
+        """``fn`` over the stores a page over ``namespace`` reads: its store, or (every
+        namespace, None) each store, the local one first -- as recall reads them."""
+        graph = self.service.ready_graph()
+        federated = self.service.federation
+        if federated is None:
+            return [(graph, fn(graph))]
+        one = federated.for_namespace(namespace)
+        if one is not None:
+            return [(one, fn(one))]
+        return federated.each(lambda g: (g, fn(g)))
+
+    def _holding_memory(self, memory_id: str) -> MemoryGraph:
+        graph = self.service.ready_graph()
+        federated = self.service.federation
+        return federated.for_memory(memory_id) if federated is not None else graph
+
+    def _holding_key(self, key_id: str) -> MemoryGraph:
+        graph = self.service.ready_graph()
+        federated = self.service.federation
+        return federated.for_key(key_id) if federated is not None else graph
+
     # -- search -----------------------------------------------------------------------
 
     def search(self, query: str, filters: SearchFilters, *, limit: int = 20) -> dict[str, Any]:
@@ -105,20 +135,22 @@ class Inspector:
         text = query.strip()
         if not text:
             return {"query": "", "results": self._newest(filters, limit), "mode": "newest"}
-        result = hybrid_recall(
-            graph, text[:4000], scope=scope_of(namespace), reinforce=False,
-            top_k=min(FILTER_POOL, FILTER_FACTOR * limit) if filters.any else limit)
+        answered = self._over(namespace, lambda g: hybrid_recall(
+            g, text[:4000], scope=scope_of(namespace), reinforce=False,
+            top_k=min(FILTER_POOL, FILTER_FACTOR * limit) if filters.any else limit))
         words = [w for w in re.split(r"\s+", text) if w]
         word_tokens = {w: set(graph.analyzer.index_tokens(w)) for w in words}
+        # Both stores' hits by score, as the federation's recall_memories merges them.
+        hits = sorted(((g, hit) for g, result in answered for hit in result.hits), key=lambda gh: -gh[1].score)
         out = []
-        for hit in result.hits:
+        for held, hit in hits:
             if not filters.keep(hit.namespace, hit.validity.decay_profile, hit.validity.status, hit.keys,
                                 hit.source, hit.created_at):
                 continue
             tokens = set(graph.analyzer.index_tokens(hit.content))
             out.append({
                 "id": hit.id, "content": preview(hit.content, RESULT_CHARS), "namespace": hit.namespace,
-                "keys": [{"concept": k, "key_id": graph.keys.by_norm(normalize(k)) or ""} for k in hit.keys],
+                "keys": [{"concept": k, "key_id": held.keys.by_norm(normalize(k)) or ""} for k in hit.keys],
                 "matched_via": hit.matched_via,
                 "terms": [w for w, toks in word_tokens.items() if toks and toks <= tokens],
                 "scores": {"score": round(hit.score, 4), "rank": round(hit.rank_score, 4),
@@ -128,12 +160,17 @@ class Inspector:
             })
             if len(out) >= limit:
                 break
-        return {"query": text, "results": out, "mode": "recall",
-                "matched_keys": [graph.keys.get(k).concept for k in result.matched_keys[:12]  # type: ignore[union-attr]
-                                 if graph.keys.get(k) is not None]}
+        matched = [info.concept for g, result in answered for k in result.matched_keys[:12]
+                   if (info := g.keys.get(k)) is not None]
+        return {"query": text, "results": out, "mode": "recall", "matched_keys": list(dict.fromkeys(matched))[:12]}
 
     def _newest(self, filters: SearchFilters, limit: int) -> list[dict[str, Any]]:
-        graph = self.service.ready_graph()
+        """Each store's newest memories, merged newest first."""
+        pages = self._over(filters.namespace, lambda g: self._newest_in(g, filters, limit))
+        merged = sorted((row for _, rows in pages for row in rows), key=lambda row: -row["created_at"])
+        return merged[:limit]
+
+    def _newest_in(self, graph: MemoryGraph, filters: SearchFilters, limit: int) -> list[dict[str, Any]]:
         key_id = None
         if filters.key is not None:
             key_id = graph.keys.by_norm(normalize(filters.key))
@@ -147,7 +184,7 @@ class Inspector:
 
         def read(reader: Reader) -> list[dict[str, Any]]:
             memories = reader.newest_memories(where, now=graph.clock(), limit=fetch)
-            keys = self._keys_of(reader, [m.id for m in memories])
+            keys = self._keys_of(graph, reader, [m.id for m in memories])
             out = []
             for m in memories:
                 validity = graph.validity_of(m)
@@ -163,8 +200,8 @@ class Inspector:
 
         return graph.store.read(read)
 
-    def _keys_of(self, reader: Reader, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-        graph = self.service.ready_graph()
+    @staticmethod
+    def _keys_of(graph: MemoryGraph, reader: Reader, memory_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
         for mid, links in reader.strongest_links(memory_ids).items():
             for kid, weight in links:
@@ -177,7 +214,7 @@ class Inspector:
     # -- one memory -------------------------------------------------------------------
 
     def memory(self, memory_id: str) -> dict[str, Any]:
-        graph = self.service.ready_graph()
+        graph = self._holding_memory(memory_id)
         view = graph.inspect_memory(memory_id)
         memory_data: dict[str, Any] = render(view)
 
@@ -200,7 +237,7 @@ class Inspector:
                 "active": memory.active(graph.clock()),
                 "history": history,
                 "relations": [{"id": m.id, "content": preview(m.content, 120)} for m in related.values()],
-                "freshness_plot": self._plot(memory),
+                "freshness_plot": self._plot(graph, memory),
             }
 
         memory_data.update(graph.store.read(read))
@@ -213,9 +250,9 @@ class Inspector:
                                                                                      limit=20).entries]
         return memory_data
 
-    def _plot(self, memory: Memory) -> list[list[float]]:
+    @staticmethod
+    def _plot(graph: MemoryGraph, memory: Memory) -> list[list[float]]:
         """Freshness from the last confirmation to one half-life (or 90 days) past now: ``[t, f]``."""
-        graph = self.service.ready_graph()
         now = graph.clock()
         start = memory.last_confirmed_at
         half = graph.lives.days(memory.decay_profile) or 90.0
@@ -228,20 +265,34 @@ class Inspector:
     # -- one key ----------------------------------------------------------------------
 
     def key(self, key_id: str, *, namespace: str | None = None) -> dict[str, Any]:
-        graph = self.service.ready_graph()
-        ranked = graph.read_key(key_id, namespace=namespace or None, limit=KEY_MEMBERS)
+        graph = self._holding_key(key_id)
+        federated = self.service.federation
+        other = None if federated is None else federated.team if graph is federated.local else federated.local
+        twin = federated.twin(other, key_id) if federated is not None and other is not None else None
+        both = federated is not None and not namespace and twin is not None and twin != key_id
+        if federated is not None and twin is not None and both:
+            # A concept keyed in both stores: its members in both, as the read_key tool lists them.
+            ranked = federated.read_key_in_both(key_id, twin, query=None, limit=KEY_MEMBERS, offset=0)
+        else:
+            ranked = graph.read_key(key_id, namespace=namespace or None, limit=KEY_MEMBERS)
         kid = ranked.key.key_id
+        member_ids = [h.memory_id for h in ranked.memories]
+
+        def contents_in(g: MemoryGraph) -> dict[str, str]:
+            found = g.store.read(lambda reader: reader.memories(member_ids))
+            return {mid: preview(m.content, 200) for mid, m in found.items()}
 
         def read(reader: Reader) -> dict[str, Any]:
             aliases = render(reader.aliases_of(kid))
-            contents = reader.memories([h.memory_id for h in ranked.memories])
             co = reader.co_occurring_keys(kid, sample=CO_KEY_SAMPLE, limit=CO_KEYS)
             return {"aliases": aliases,
-                    "contents": {mid: preview(m.content, 200) for mid, m in contents.items()},
                     "co_keys": [{"key_id": r[0], "concept": info.concept, "count": r[1]} for r in co
                                 if (info := graph.keys.get(r[0])) is not None]}
 
         extra = graph.store.read(read)
+        extra["contents"] = {mid: text for _, found in (self._over(None, contents_in) if both
+                                                         else [(graph, contents_in(graph))])
+                             for mid, text in found.items()}
         members = []
         for handle in render(ranked.memories):
             handle["content"] = extra["contents"].get(handle["memory_id"], "")
@@ -253,12 +304,21 @@ class Inspector:
 
     def keys(self, *, namespace: str | None = None, hubs_only: bool = False, limit: int = 100,
              offset: int = 0) -> dict[str, Any]:
-        result: dict[str, Any] = render(self.service.ready_graph().browse_keys(
-            namespace, hubs_only=hubs_only, limit=max(1, min(500, limit)), offset=max(0, offset)))
+        limit, offset = max(1, min(500, limit)), max(0, offset)
+        graph = self.service.ready_graph()
+        federated = self.service.federation
+        if federated is not None and federated.for_namespace(namespace) is None:
+            result: dict[str, Any] = render(federated.browse_keys(hubs_only=hubs_only, limit=limit, offset=offset))
+            return result
+        one = federated.for_namespace(namespace) if federated is not None else None
+        result = render((one or graph).browse_keys(namespace, hubs_only=hubs_only, limit=limit, offset=offset))
         return result
 
     def find_key(self, concept: str) -> str:
-        kid = self.service.ready_graph().keys.by_norm(normalize(concept))
+        graph = self.service.ready_graph()
+        federated = self.service.federation
+        graphs = federated.graphs if federated is not None else (graph,)
+        kid = next((k for g in graphs if (k := g.keys.by_norm(normalize(concept))) is not None), None)
         if kid is None:
             raise NotFound(f"no key named {concept!r}")
         return kid
@@ -269,9 +329,9 @@ class Inspector:
         """The key, its strongest active members and their keys: one click's worth of
         neighbourhood. By link weight, not read_key's ranking: that reads every member of
         a hub, and a click must stay quick on a key with thousands."""
-        graph = self.service.ready_graph()
+        graph = self._holding_key(key_id)
         kid = graph.check_key_id(key_id)
-        center = self._key_node(kid)
+        center = self._key_node(graph, kid)
         assert center is not None  # check_key_id found it
         nodes = {f"k:{kid}": center}
         edges: dict[str, dict[str, Any]] = {}
@@ -281,13 +341,13 @@ class Inspector:
             members = reader.strongest_members(kid, now=now, limit=GRAPH_MEMBERS)
             for m in members:
                 nodes[f"m:{m.id}"] = self._memory_node(m)
-            self._link_memories(reader, [m.id for m in members], nodes, edges)
+            self._link_memories(graph, reader, [m.id for m in members], nodes, edges)
 
         graph.store.read(read)
         return {"center": f"k:{kid}", "nodes": list(nodes.values()), "edges": list(edges.values())}
 
     def graph_of_memory(self, memory_id: str) -> dict[str, Any]:
-        graph = self.service.ready_graph()
+        graph = self._holding_memory(memory_id)
         nodes: dict[str, dict[str, Any]] = {}
         edges: dict[str, dict[str, Any]] = {}
 
@@ -296,16 +356,16 @@ class Inspector:
             if m is None:
                 raise NotFound(f"Memory {memory_id} not found")
             nodes[f"m:{m.id}"] = self._memory_node(m)
-            self._link_memories(reader, [m.id], nodes, edges)
+            self._link_memories(graph, reader, [m.id], nodes, edges)
 
         graph.store.read(read)
         return {"center": f"m:{memory_id}", "nodes": list(nodes.values()), "edges": list(edges.values())}
 
-    def _link_memories(self, reader: Reader, memory_ids: Sequence[str], nodes: dict[str, dict[str, Any]],
-                       edges: dict[str, dict[str, Any]]) -> None:
+    def _link_memories(self, graph: MemoryGraph, reader: Reader, memory_ids: Sequence[str],
+                       nodes: dict[str, dict[str, Any]], edges: dict[str, dict[str, Any]]) -> None:
         for memory_id, links in reader.strongest_links(memory_ids, per_memory=GRAPH_KEYS_PER_MEMORY).items():
             for kid, weight in links:
-                node = self._key_node(kid)
+                node = self._key_node(graph, kid)
                 if node is None:
                     continue
                 nodes.setdefault(f"k:{kid}", node)
@@ -313,8 +373,9 @@ class Inspector:
                 edges[edge_id] = {"id": edge_id, "source": f"k:{kid}", "target": f"m:{memory_id}",
                                   "weight": round(weight, 3)}
 
-    def _key_node(self, key_id: str) -> dict[str, Any] | None:
-        info = self.service.ready_graph().keys.get(key_id)
+    @staticmethod
+    def _key_node(graph: MemoryGraph, key_id: str) -> dict[str, Any] | None:
+        info = graph.keys.get(key_id)
         if info is None:
             return None
         return {"id": f"k:{key_id}", "kind": "key", "ref": key_id, "label": info.concept,

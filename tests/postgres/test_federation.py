@@ -397,3 +397,79 @@ def test_a_concept_keyed_in_both_stores_is_one_key_to_the_tools(
     # Over one namespace, that namespace's store's key.
     one = alice.call("read_key", {"key_id": local_key, "namespace": "team-payments"})["result"]
     assert one["key"]["key_id"] == team_key and [h["memory_id"] for h in one["memories"]] == [project], one
+
+
+def test_a_relation_across_the_two_stores_is_refused_naming_both_and_nothing_is_saved(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """``related_to`` joining a personal memory and a team one (remember, remember_batch,
+    correct) cannot be kept -- each store's relations name its own memories -- so it is
+    refused before anything is written, saying which namespace lives in which store; a
+    relation inside one store is kept as ever."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway"])
+    team = daemon.remember(PROJECT, ["zebrafish-gateway"], namespace="team-payments")
+    before = daemon.export()
+    refused = [
+        ("remember", {"content": "the canary job posts to zebra-alerts", "keys": ["zebra-canary-check"],
+                      "namespace": "team-payments", "related_to": [personal]}, personal, "team-payments"),
+        ("remember", {"content": "my zebra-alerts filter hides the canary job", "keys": ["zebra-alerts"],
+                      "related_to": [team]}, team, "default"),
+        ("correct", {"memory_id": team, "content": PROJECT.replace("passes", "passes twice"),
+                     "related_to": [personal]}, personal, "team-payments"),
+        ("remember_batch", {"items": [
+            {"content": "my zebra-alerts filter hides the canary job", "keys": ["zebra-alerts"]},
+            {"content": "the canary job posts to zebra-alerts", "keys": ["zebra-canary-check"],
+             "namespace": "team-payments", "related_to": json.dumps([personal])}]}, personal, "team-payments"),
+    ]
+    for tool, arguments, other, target in refused:
+        body = daemon.call(tool, arguments)
+        text = json.dumps(body)
+        assert body["is_error"], (tool, body)
+        assert other in text and "not kept" in text and "nothing was saved" in text, (tool, body)
+        assert f"goes to namespace '{target}'" in text, (tool, body)
+        assert "sqlite" in text and "postgresql" in text, (tool, body)
+    assert daemon.export() == before
+    kept = daemon.call("remember", {"content": "the canary job posts to zebra-alerts", "keys": ["zebra-canary-check"],
+                                    "namespace": "team-payments", "related_to": [team]})
+    assert not kept["is_error"], kept
+    assert _in_postgres(pg_database, kept["result"]["saved"])
+
+
+def test_the_inspector_searches_lists_and_opens_memories_and_keys_of_both_stores(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """The inspector's pages (``/ui/api``, logged in through a link as a browser is) span both
+    stores as recall does: search and the newest memories list the personal and the team
+    memory, the memory page and its graph open the team one, the key list and key page
+    find the team store's key, and a concept keyed in both stores is one key whose page
+    lists the members of both."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway"])
+    team = daemon.remember(PROJECT, ["zebra-canary-check", "zebrafish-gateway"], namespace="team-payments")
+    assert _in_postgres(pg_database, team) and _in_sqlite(daemon, personal)
+    link = daemon.client().post("/v1/inspect/login-link").json()["url"]
+    browser = daemon.client(token="")
+    assert browser.get(link, follow_redirects=False).status_code == 303
+
+    def api(path: str) -> Any:
+        response = browser.get(f"/ui/api{path}")
+        assert response.status_code == 200, (path, response.text)
+        return response.json()
+
+    found = {r["id"] for r in api("/search?q=zebrafish-gateway")["results"]}
+    assert {personal, team} <= found, found
+    assert {r["id"] for r in api("/search")["results"]} == {personal, team}
+    assert [r["id"] for r in api("/search?namespace=team-payments")["results"]] == [team]
+    page = api(f"/memory/{team}")
+    assert page["memory"]["content"] == PROJECT and page["memory"]["namespace"] == "team-payments", page
+    assert f"m:{team}" in {n["id"] for n in api(f"/graph/memory/{team}")["nodes"]}
+    concepts = {k["concept"]: k["key_id"] for k in api("/keys")["keys"]}
+    assert {"zebrafish-gateway", "zebra-canary-check"} <= set(concepts), concepts
+    key_id = api("/key-by-name?concept=zebra-canary-check")["key_id"]
+    assert key_id == concepts["zebra-canary-check"]
+    assert [m["memory_id"] for m in api(f"/key/{key_id}")["members"]] == [team]
+    assert f"m:{team}" in {n["id"] for n in api(f"/graph/key/{key_id}")["nodes"]}
+    keys = api("/keys")["keys"]
+    assert [k["concept"] for k in keys].count("zebrafish-gateway") == 1, keys
+    shared = api(f"/key/{concepts['zebrafish-gateway']}")
+    assert {m["memory_id"] for m in shared["members"]} == {personal, team}, shared
+    assert all(m["content"] for m in shared["members"]), shared

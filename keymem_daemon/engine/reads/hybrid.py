@@ -58,7 +58,7 @@ from keymem_daemon.engine.reads.signals import (
 )
 from keymem_daemon.engine.records import Hit, Memory
 from keymem_daemon.engine.text import truncate
-from keymem_daemon.errors import StoreUnavailable
+from keymem_daemon.errors import StoreBusy, StoreUnavailable
 
 if TYPE_CHECKING:
     from keymem_daemon.engine.graph import MemoryGraph
@@ -350,9 +350,10 @@ def _reinforce(graph: MemoryGraph, chosen: Sequence[Candidate], matched: Sequenc
 
     try:
         graph.store.write(write)
-    except StoreUnavailable:
-        # A shared store's server that does not answer: the recall is served (from the local
-        # replica) without its reinforcement, which is bookkeeping, not the answer.
+    except (StoreUnavailable, StoreBusy):
+        # A shared store's server that does not answer (or a daemon whose connections to it
+        # are all busy): the recall is served (from the local replica) without its
+        # reinforcement, which is bookkeeping, not the answer.
         logger.debug("recall not reinforced: the store does not answer")
 
 

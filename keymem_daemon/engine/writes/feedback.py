@@ -22,7 +22,7 @@ from keymem_daemon.engine.records import (
 from keymem_daemon.engine.text import normalize
 from keymem_daemon.engine.validate import evidence_arg, require_str
 from keymem_daemon.engine.writes.remember import Host, Remembering
-from keymem_daemon.errors import InvalidInput, NotFound, StoreUnavailable
+from keymem_daemon.errors import InvalidInput, NotFound, StoreBusy, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +62,10 @@ class Feedback(Remembering):
 
         try:
             self.store.write(write)
-        except StoreUnavailable:
-            # A shared store's server that does not answer: the memory is read (from the local
-            # replica) without the bookkeeping, which is no part of the answer.
+        except (StoreUnavailable, StoreBusy):
+            # A shared store's server that does not answer (or a daemon whose connections to it
+            # are all busy): the memory is read (from the local replica) without the
+            # bookkeeping, which is no part of the answer.
             self.store.read(lambda reader: check(reader, self.clock()))
         return self.store.read(lambda reader: self.read_memory_view(reader, memory_id, via_key_id))
 

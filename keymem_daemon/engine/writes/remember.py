@@ -56,7 +56,7 @@ from keymem_daemon.engine.records import (
 )
 from keymem_daemon.engine.redact import redact
 from keymem_daemon.engine.text import Analyzer, normalize, normalize_namespace, script_of
-from keymem_daemon.engine.validate import parse_observed_at, require_str
+from keymem_daemon.engine.validate import parse_observed_at, related_arg, require_str
 from keymem_daemon.engine.vectors import top_indices
 from keymem_daemon.errors import IdempotencyKeyReused, InvalidInput, Refused
 
@@ -212,16 +212,7 @@ class Remembering(Browsing):
                     "for a memory that never expires", field="ttl_seconds")
             ttl = float(ttl_seconds)
         profile = parse_decay_profile(decay_profile)
-        related: list[str] = []
-        if related_to is not None:
-            if isinstance(related_to, str):
-                try:
-                    related_to = json.loads(related_to) if related_to.strip().startswith("[") else [related_to]
-                except json.JSONDecodeError:
-                    raise InvalidInput("related_to is not a JSON array", field="related_to") from None
-            if not isinstance(related_to, list) or not all(isinstance(r, str) for r in related_to):
-                raise InvalidInput("related_to must be an array of memory ids", field="related_to")
-            related = list(dict.fromkeys(related_to))
+        related = related_arg(related_to)
         if source is not None:
             if isinstance(source, str):
                 try:

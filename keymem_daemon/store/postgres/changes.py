@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 import psycopg
 
-from keymem_daemon.store.postgres.liveness import WatchedConnection
+from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal
 from keymem_daemon.store.postgres.schema import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,11 @@ class ChangeFollower:
         # Whether the follower holds a connection to the change log now: while it does not,
         # what the daemon holds in memory may lag the server (status says "possibly stale").
         self.connected = False
+        # The server's reason when its last try to reconnect was refused (a password changed
+        # while the daemon ran, the role dropped): kept trying -- libpq reads PGPASSFILE again
+        # at every connection, so fixing the file brings the daemon back -- but said, in the
+        # log once, in writes' errors and in ``stale``, not taken for a server that is down.
+        self.refused: str | None = None
         # When (time.monotonic) the last round that read the change log up to its end began:
         # whatever the server held then has reached the daemon.
         self.caught_up_at = float("-inf")
@@ -125,6 +130,9 @@ class ChangeFollower:
                                                **LIVENESS) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     delay = RECONNECT_BACKOFF
+                    if self.refused is not None:
+                        logger.warning("the store accepts this daemon again")
+                    self.refused = None
                     self.connected = True
                     while not self._stop.is_set():
                         self._catch_up(conn)
@@ -134,8 +142,15 @@ class ChangeFollower:
                             pass
             except psycopg.OperationalError as exc:
                 self.connected = False
-                logger.warning("lost the change log's connection (%s); reconnecting in %.1f s",
-                               str(exc).strip(), delay)
+                reason = refusal(exc)
+                if reason is not None and self.refused is None:
+                    logger.error("the store refuses this daemon: %s; fix the role's password or grants (a "
+                                 "PGPASSFILE is read again at every try: keymemd reconnects by itself once it "
+                                 "holds the new password); trying again every %.0f s", reason, MAX_RECONNECT_BACKOFF)
+                elif reason is None:
+                    logger.warning("lost the change log's connection (%s); reconnecting in %.1f s",
+                                   str(exc).strip(), delay)
+                self.refused = reason
                 self._stop.wait(delay)
                 delay = min(delay * 2, MAX_RECONNECT_BACKOFF)
 

@@ -50,7 +50,7 @@ POLL_INTERVAL: Final = 0.1
 """Seconds between two looks at the silence (psycopg's own wait interval)."""
 
 
-def _watched(gen: PQGen[RV], conn: psycopg.Connection[Any], silence: float) -> PQGen[RV]:
+def _watched(gen: PQGen[RV], conn: WatchedConnection, silence: float) -> PQGen[RV]:
     """``gen``, ended with ``OperationalError`` once its socket stays silent for ``silence`` s
     (the waiter sends ``Ready`` 0 after each poll interval that brought nothing)."""
     heard = time.monotonic()
@@ -60,7 +60,7 @@ def _watched(gen: PQGen[RV], conn: psycopg.Connection[Any], silence: float) -> P
             ready: Ready | int = yield state
             now = time.monotonic()
             if ready:
-                heard = now
+                heard = conn.heard_at = now
             elif now - heard >= silence:
                 conn.pgconn.finish()
                 raise psycopg.OperationalError(f"the server sent nothing for {silence:g} s (the network or the "
@@ -92,6 +92,8 @@ class WatchedConnection(psycopg.Connection[Any]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.heard_at = time.monotonic()
+        """When (``time.monotonic``) something last arrived from the server on it."""
         self.cursor_factory = SyncingCursor
         self.in_pipeline: psycopg.Pipeline | None = None
         """The pipeline open on this connection (``pipeline``), if any."""

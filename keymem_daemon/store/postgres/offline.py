@@ -388,6 +388,21 @@ class FailoverRepository:
 
     # -- is the server there? -------------------------------------------------------------
 
+    def refused(self) -> str | None:
+        """The server's reason when it answers but refuses this daemon's connections now (a
+        password changed while it ran: ``ChangeFollower.refused``), else None."""
+        follower = self.follower
+        return follower.refused if follower is not None and not follower.connected else None
+
+    def unavailable(self, why: str) -> str:
+        """What a refused unit says about the server, ``offline``'s ``why`` given."""
+        reason = self.refused()
+        if reason is not None:
+            return (f"the store at {self.where} refuses this daemon: {reason} (fix the role's password in "
+                    "KEYMEM_STORE_URL, PGPASSFILE or PGPASSWORD; a PGPASSFILE is read again at every try, so "
+                    "keymemd reconnects by itself once it holds the new one)")
+        return f"the store at {self.where} does not answer ({why})"
+
     def offline(self) -> str | None:
         """Why units do not go to the server now (None: they do)."""
         if self.primary is None or (self.follower is None and self._down_since is not None):
@@ -463,8 +478,8 @@ class FailoverRepository:
         why = self.offline()
         primary = self.primary
         if primary is None or (why is not None and direct != "server"):
-            raise StoreUnavailable(f"the store at {self.where} does not answer ({why}); nothing was written, "
-                                   "and keymemd reconnects by itself")
+            raise StoreUnavailable(f"{self.unavailable(str(why))}; nothing was written, and keymemd tries "
+                                   "again by itself")
         try:
             return primary.write(fn)
         except StoreUnavailable:

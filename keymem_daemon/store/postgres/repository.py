@@ -27,7 +27,7 @@ import random
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -40,11 +40,11 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from keymem_daemon.config import STORE_IDLE_TIMEOUT, STORE_LOCK_TIMEOUT, describe_store_url
 from keymem_daemon.engine.ports import Reader, Writer
 from keymem_daemon.engine.records import Memory
-from keymem_daemon.errors import Conflict, Refused, StoreError, StoreUnavailable
+from keymem_daemon.errors import Conflict, Refused, StoreBusy, StoreError, StoreUnavailable
 from keymem_daemon.store.postgres import changes, schema
 from keymem_daemon.store.postgres.inspect import PgInspectRows, PgInspectWriteRows
 from keymem_daemon.store.postgres.keys import PgKeyRows
-from keymem_daemon.store.postgres.liveness import WatchedConnection, refusal, syncing
+from keymem_daemon.store.postgres.liveness import SILENCE_TIMEOUT, WatchedConnection, refusal, syncing
 from keymem_daemon.store.postgres.memories import MEMORIES_BY_ID, PgMemoryRows
 from keymem_daemon.store.postgres.search import (
     INDEXED_TOKENS,
@@ -79,8 +79,16 @@ POOL_SIZE: Final = 4
 """Connections per daemon: the HTTP worker threads' concurrent units, not more (the server's
 max_connections is shared by every daemon of the team)."""
 POOL_TIMEOUT: Final = 5.0
-"""Seconds a unit waits for a connection before saying the server does not answer: a write
-fails clearly rather than hang the shim or the hook while the server is down."""
+"""Seconds a unit waits for a connection the pool cannot make before saying the server does
+not answer: a write fails clearly rather than hang the shim or the hook while the server is
+down."""
+BUSY_WAIT: Final = WRITE_RETRY_BUDGET
+"""Seconds a unit waits for a connection while every connection of the pool is in use by this
+daemon's own units and the server answers them (more concurrent requests than ``POOL_SIZE``):
+a busy daemon, not a server that does not answer -- each of those units ends within the
+liveness watch's silence or the write budget -- so it waits on past ``POOL_TIMEOUT``, then
+says the daemon is busy (``StoreBusy``). Below a tool call's timeout; the hook gives up on its
+own, shorter one."""
 CONNECT_TIMEOUT: Final = 5
 """libpq's connect_timeout (whole seconds)."""
 RECONNECT_TIMEOUT: Final = 24 * 3600.0
@@ -217,6 +225,9 @@ class PostgresRepository:
         # Reentrant: an after-commit step may write again.
         self._retrying = threading.RLock()
         self._reading = threading.local()  # ``reader``: the read unit this thread is inside
+        # The connections out with this daemon's units now: whether the server answers them
+        # tells a busy daemon from a server gone (``_connection``).
+        self._out: set[psycopg.Connection[Any]] = set()
 
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE, lock_timeout: float = STORE_LOCK_TIMEOUT,
@@ -285,6 +296,35 @@ class PostgresRepository:
 
     # -- units of work ----------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool, as ``pool.connection()``; a wait past ``POOL_TIMEOUT`` goes
+        on while every connection the pool may hold is out with this daemon's units and the
+        server keeps answering them (within the liveness watch's silence: a busy daemon), up
+        to ``BUSY_WAIT``, then raises ``StoreBusy``. A pool short of connections it cannot
+        make, or whose units hear nothing (the server or the network is gone), raises
+        ``PoolTimeout`` after ``POOL_TIMEOUT``, as before."""
+        since = time.monotonic()
+        while True:
+            try:
+                with self._pool.connection(timeout=min(POOL_TIMEOUT, since + BUSY_WAIT - time.monotonic())) as conn:
+                    self._out.add(conn)
+                    try:
+                        yield conn
+                    finally:
+                        self._out.discard(conn)
+                    return
+            except PoolTimeout:
+                stats = self._pool.get_stats()
+                now = time.monotonic()
+                answered = any(now - getattr(c, "heard_at", float("-inf")) < SILENCE_TIMEOUT for c in list(self._out))
+                if stats["pool_size"] < stats["pool_max"] or stats["pool_available"] or not answered:
+                    raise
+                if time.monotonic() - since >= BUSY_WAIT:
+                    raise StoreBusy(f"this daemon is busy: its {stats['pool_max']} connections to the store at "
+                                    f"{self.where} were all in use by its other requests for {BUSY_WAIT:g} s "
+                                    "(the server answers them); nothing was done, try again") from None
+
     def read(self, fn: Callable[[Reader], T]) -> T:
         """Run ``fn`` inside one read-only snapshot: this thread's open one, when it is inside
         a read already (no second connection, BEGIN and COMMIT)."""
@@ -300,7 +340,7 @@ class PostgresRepository:
                 self._reading.reader = None
 
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 return self._unit(conn, _BEGIN_READ, lambda pipeline: unit(conn, pipeline))
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise StoreUnavailable(f"the store at {self.where} does not answer: {str(exc).strip()}") from None
@@ -309,7 +349,7 @@ class PostgresRepository:
         """Run ``fn`` on a pooled connection inside one read-only snapshot (the local
         replica's copy of the rows: store/postgres/offline.py)."""
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 conn.isolation_level = IsolationLevel.REPEATABLE_READ
                 conn.read_only = True
                 with conn.transaction():
@@ -359,7 +399,7 @@ class PostgresRepository:
             attempt += 1
             committing = False
             try:
-                with self._pool.connection() as conn:
+                with self._connection() as conn:
                     def run(pipeline: psycopg.Pipeline) -> tuple[PgWriter, T]:
                         # A sequential scan makes a serializable transaction conflict with every
                         # write to that table (PostgreSQL's docs: encourage index scans), and on
@@ -420,7 +460,7 @@ class PostgresRepository:
         transaction below it has finished, so it is in what the load reads (a change read
         twice is applied twice, which the engine's update takes in its stride)."""
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 cursor = changes.horizon(conn)
                 conn.commit()
                 return cursor
