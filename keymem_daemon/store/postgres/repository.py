@@ -215,7 +215,7 @@ class PostgresRepository:
     """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``): an ``engine.ports.Repository``
     whose readers and writers implement every port (tests/postgres checks it with mypy)."""
 
-    def __init__(self, url: str, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
+    def __init__(self, url: str, pool: ConnectionPool[WatchedConnection]) -> None:
         self.where = describe_store_url(url)
         self.found: Literal["store", "missing", "empty"] = "store"
         self.shared = True  # every daemon of the team writes here
@@ -227,7 +227,7 @@ class PostgresRepository:
         self._reading = threading.local()  # ``reader``: the read unit this thread is inside
         # The connections out with this daemon's units now: whether the server answers them
         # tells a busy daemon from a server gone (``_connection``).
-        self._out: set[psycopg.Connection[Any]] = set()
+        self._out: set[WatchedConnection] = set()
 
     @classmethod
     def open(cls, url: str, *, pool_size: int = POOL_SIZE, lock_timeout: float = STORE_LOCK_TIMEOUT,
@@ -242,7 +242,7 @@ class PostgresRepository:
         kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS,
                                   "options": _session_options(url, lock_timeout, idle_timeout)}
         found = cls._prepare(url, where, kwargs)
-        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        pool: ConnectionPool[WatchedConnection] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False, kwargs=kwargs, name="keymem",
             # A request the server stops answering ends (liveness.py): the shim never hangs on it.
             connection_class=WatchedConnection,
@@ -317,10 +317,10 @@ class PostgresRepository:
             except PoolTimeout:
                 stats = self._pool.get_stats()
                 now = time.monotonic()
-                answered = any(now - getattr(c, "heard_at", float("-inf")) < SILENCE_TIMEOUT for c in list(self._out))
+                answered = any(now - c.heard_at < SILENCE_TIMEOUT for c in list(self._out))
                 if stats["pool_size"] < stats["pool_max"] or stats["pool_available"] or not answered:
                     raise
-                if time.monotonic() - since >= BUSY_WAIT:
+                if now - since >= BUSY_WAIT:
                     raise StoreBusy(f"this daemon is busy: its {stats['pool_max']} connections to the store at "
                                     f"{self.where} were all in use by its other requests for {BUSY_WAIT:g} s "
                                     "(the server answers them); nothing was done, try again") from None
