@@ -382,9 +382,9 @@ class Federation:
             return
         other = self.team if graph is self.local else self.local
         try:
-            held = graph.store.read(lambda reader: reader.memories(related))
+            held, old = graph.store.read(lambda reader: (
+                reader.memories(related), reader.memory(corrected) if isinstance(corrected, str) else None))
             elsewhere = other.store.read(lambda reader: reader.memories([r for r in related if r not in held]))
-            old = graph.store.read(lambda reader: reader.memory(corrected)) if isinstance(corrected, str) else None
         except StoreError:
             return  # a store that does not answer: the engine's own error says so
         if not elsewhere or (corrected is not None and old is None):
@@ -515,7 +515,6 @@ class Federation:
         """Both stores' keys over every namespace, one per concept (counted from the in-memory
         tables, as a store's browse counts them), in browse order; the page's views read from
         the stores holding each (the tool's, and the inspector's key list)."""
-        hubs = hubs_only
         answered = self.each(lambda g: (g, g.browse_keys(None, limit=0)))
         concepts: dict[str, list[tuple[MemoryGraph, KeyInfo, int]]] = {}
         for graph, _ in answered:
@@ -525,7 +524,7 @@ class Federation:
                     concepts.setdefault(normalize(info.concept), []).append((graph, info, n))
         hub = self.settings.hub_min_links
         entries = [(norm, held, sum(n for _, _, n in held)) for norm, held in concepts.items()]
-        entries = [e for e in entries if not hubs or e[2] >= hub]
+        entries = [e for e in entries if not hubs_only or e[2] >= hub]
         entries.sort(key=lambda e: (e[2] < hub, -e[2], e[0]))
 
         def view(held: list[tuple[MemoryGraph, KeyInfo, int]]) -> KeyView:
