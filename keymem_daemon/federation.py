@@ -411,6 +411,13 @@ class Federation:
     # its own keys), under its own id. The tools show it as one key: listed once with the
     # memories of both, its id (either store's) read and followed across both.
 
+    def twin_elsewhere(self, key_id: object) -> str | None:
+        """The other store's key for the concept of ``key_id`` (the store not holding it, as
+        ``for_key`` says) when that is another key: a concept keyed in both stores; else None."""
+        home = self.for_key(key_id)
+        twin = self.twin(self.team if home is self.local else self.local, key_id)
+        return twin if twin != key_id else None
+
     def twin(self, graph: MemoryGraph, key_id: object) -> str | None:
         """``graph``'s key for the concept of key ``key_id`` of either store (``key_id`` itself
         when ``graph`` holds it); None when ``graph`` has no key of that concept."""
@@ -487,11 +494,9 @@ class Federation:
         one = self.for_namespace(args.raw("namespace")) if isinstance(key_id, str) else None
         if one is not None:
             return on(one, self._keys_in(one, tool, arguments, args))
-        home = self.for_key(key_id)
-        other = self.team if home is self.local else self.local
-        twin = self.twin(other, key_id)
-        if twin is None or twin == key_id:
-            return on(home, args)
+        twin = self.twin_elsewhere(key_id)
+        if twin is None:
+            return on(self.for_key(key_id), args)
         return self.read_key_in_both(key_id, twin, query=args.text("query"), limit=args.integer("limit"),
                                      offset=args.integer("offset"))
 

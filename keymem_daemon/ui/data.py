@@ -267,10 +267,9 @@ class Inspector:
     def key(self, key_id: str, *, namespace: str | None = None) -> dict[str, Any]:
         graph = self._holding_key(key_id)
         federated = self.service.federation
-        other = None if federated is None else federated.team if graph is federated.local else federated.local
-        twin = federated.twin(other, key_id) if federated is not None and other is not None else None
-        both = federated is not None and not namespace and twin is not None and twin != key_id
-        if federated is not None and twin is not None and both:
+        twin = federated.twin_elsewhere(key_id) if federated is not None and not namespace else None
+        both = twin is not None
+        if federated is not None and twin is not None:
             # A concept keyed in both stores: its members in both, as the read_key tool lists them.
             ranked = federated.read_key_in_both(key_id, twin, query=None, limit=KEY_MEMBERS, offset=0)
         else:
