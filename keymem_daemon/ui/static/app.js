@@ -164,11 +164,14 @@ async function viewSearch(hash) {
   for (const name of FILTERS) if (p.get(name)) query.set(name, p.get(name));
   try {
     const data = await api("/search?" + query.toString());
+    // A search submitted meanwhile is a new view: this page's late answer (the newest
+    // memories, say) must not fill the page the user is still looking at until it draws.
+    if (!current()) return;
     const items = data.results.map(resultCard);
     const note = data.mode === "newest" ? "Newest memories" : data.results.length + " result(s) for “" + data.query + "”";
     results.replaceChildren(el("p", { class: "muted" }, note), ...(items.length ? items : [el("p", {}, "Nothing found.")]));
   } catch (e) {
-    results.replaceChildren(el("p", { class: "error" }, e.message));
+    if (current()) results.replaceChildren(el("p", { class: "error" }, e.message));
   }
 }
 
