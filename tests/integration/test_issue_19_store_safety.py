@@ -172,11 +172,15 @@ def test_a_start_merges_the_duplicate_keys_an_old_batch_made(daemons: DaemonFact
     # What the old remember_batch made: one `service` and one `port` key per item, each
     # with its own alias and a single memory.
     conn = sqlite3.connect(db)
+    clones: dict[str, list[str]] = {}
     with conn:
         for concept in ("service", "port"):
             (original,) = conn.execute("SELECT id FROM keys WHERE concept = ?", (concept,)).fetchone()
             for n, memory in enumerate(ids[1:], start=1):
-                clone = f"{n:02d}{original[2:]}"
+                # Ids are random hex: shifting the first byte by n keeps a valid id that can
+                # never equal the original (a fixed prefix such as "01" sometimes did).
+                clone = f"{(int(original[:2], 16) + n) % 256:02x}{original[2:]}"
+                clones.setdefault(concept, []).append(clone)
                 conn.execute("INSERT INTO keys(id, concept, norm, compact, key_type, vector, created_at) "
                              "SELECT ?, concept, norm, compact, key_type, vector, created_at + ? FROM keys "
                              "WHERE id = ?", (clone, n, original))
@@ -186,8 +190,7 @@ def test_a_start_merges_the_duplicate_keys_an_old_batch_made(daemons: DaemonFact
                 conn.execute("UPDATE links SET key_id = ? WHERE key_id = ? AND memory_id = ?",
                              (clone, original, memory))
         conn.execute("INSERT INTO aliases(key_id, alias, norm, compact, learned, added_at, hits) "
-                     "VALUES ('01' || substr((SELECT id FROM keys WHERE concept = 'service' "
-                     "ORDER BY created_at LIMIT 1), 3), 'svc', 'svc', 'svc', 0, 0, 0)")
+                     "VALUES (?, 'svc', 'svc', 'svc', 0, 0, 0)", (clones["service"][0],))
     conn.close()
     assert len(_rows(db, "SELECT id FROM keys WHERE concept = 'service'")) == 3
     links_before = len(_rows(db, "SELECT * FROM links"))
