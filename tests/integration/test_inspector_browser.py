@@ -354,6 +354,64 @@ def test_a_view_answered_after_the_user_left_it_does_not_draw_over_the_next_one(
     assert browser.errors == [], browser.errors
 
 
+# Counts, in the page, the answers its fetch() calls have read. The count goes up in a task of
+# its own, queued once an answer's JSON is read: the view that awaited that answer has run to
+# its end (drawn, or given up) in the microtasks before it, so a test that waits for the count
+# knows the view is done with the answer without waiting for a sign that may never come.
+ANSWERS_READ: Final = """
+window.__answersRead = [];
+const realFetch = window.fetch;
+window.fetch = async (...args) => {
+  const response = await realFetch(...args);
+  const readJson = response.json.bind(response);
+  response.json = async () => {
+    try { return await readJson(); }
+    finally { setTimeout(() => window.__answersRead.push(String(args[0])), 0); }
+  };
+  return response;
+};
+"""
+
+
+def test_a_search_answered_after_the_next_search_was_submitted_does_not_fill_the_page(
+        daemon: DaemonProcess, browser: Browser) -> None:
+    """The first search page (the newest memories) draws its form, then waits for /search; a
+    user who submits a search meanwhile has started a new view, which waits for /health before
+    it draws. The first page's answer, arriving in between, must not fill the page still on
+    screen: the clean-clone run saw those newest memories where the test above expected its
+    search's result (fixed in 988c209). Its /search and the next view's /health are held to
+    make that order, which two xdist workers on a loaded machine produced by chance."""
+    seed(daemon, NEWTON, APPLE, BILLING)
+    page = browser.page()
+    page.add_init_script(ANSWERS_READ)
+    searches: list[Any] = []
+    page.route(lambda url: "/ui/api/search?" in url,
+               lambda route: searches.append(route) if not searches else route.continue_())
+    with page.expect_request(lambda request: "/ui/api/search?" in request.url):
+        page.goto(login_url(daemon))
+    page.wait_for_selector("#results")
+    healths: list[Any] = []
+    page.route("**/ui/api/health", lambda route: healths.append(route))
+    page.fill("#q", "staging database port")
+    with page.expect_request("**/ui/api/health"):
+        page.click("button[type=submit]")
+    assert len(searches) == 1, "the first page asks for /search once its form is drawn"
+
+    with page.expect_response(lambda response: "/ui/api/search?" in response.url):
+        searches[0].continue_()
+    page.wait_for_function("window.__answersRead.some((url) => url.startsWith('/ui/api/search?'))")
+    assert page.locator("article.result").count() == 0, page.inner_text("main")
+    assert page.inner_text("#results") == "Searching…"
+
+    assert len(healths) == 1, "the submitted search asks for /health before it draws"
+    healths[0].continue_()
+    card = page.locator("article.result").first
+    card.wait_for()
+    assert "5433" in card.inner_text()
+    assert "result(s) for “staging database port”" in page.inner_text("#results p.muted")
+    assert browser.errors == [], browser.errors
+
+
 def test_an_export_file_imported_from_the_health_page_restores_memories_and_a_bad_file_changes_nothing(
         daemon: DaemonProcess, browser: Browser, tmp_path: Path) -> None:
     ids = seed(daemon, NEWTON, APPLE)
