@@ -111,6 +111,14 @@ def seed(daemon: DaemonProcess, *memories: tuple[str, list[str]]) -> list[str]:
     return [daemon.remember(content, keys) for content, keys in memories]
 
 
+def answered(query: str) -> str:
+    """A selector for the search page's answer to ``query`` (the line above its results). Wait
+    for it, not for a bare ``article.result``: the search view asks for /health before it draws,
+    so until then the page on screen is the one before -- the newest memories, say -- whose
+    result cards that selector would find."""
+    return f"#results p.muted >> text=result(s) for “{query}”"
+
+
 def key_id(daemon: DaemonProcess, concept: str) -> str:
     response = daemon.client().get("/v1/inspect/key-by-name", params={"concept": concept})
     assert response.status_code == 200, response.text
@@ -154,8 +162,8 @@ def test_search_finds_a_memory_and_shows_its_keys_and_why_it_matched(
     page = logged_in(daemon, browser)
     page.fill("#q", "staging database port")
     page.click("button[type=submit]")
+    page.wait_for_selector(answered("staging database port"))
     card = page.locator("article.result").first
-    card.wait_for()
     assert "5433" in card.inner_text()
     chips = card.locator(".keys .chip").all_inner_texts()
     assert {"billing", "staging database", "port"} <= set(chips), chips
@@ -405,10 +413,8 @@ def test_a_search_answered_after_the_next_search_was_submitted_does_not_fill_the
 
     assert len(healths) == 1, "the submitted search asks for /health before it draws"
     healths[0].continue_()
-    card = page.locator("article.result").first
-    card.wait_for()
-    assert "5433" in card.inner_text()
-    assert "result(s) for “staging database port”" in page.inner_text("#results p.muted")
+    page.wait_for_selector(answered("staging database port"))
+    assert "5433" in page.locator("article.result").first.inner_text()
     assert browser.errors == [], browser.errors
 
 
@@ -483,7 +489,7 @@ def test_every_view_renders_without_console_errors_wide_light_and_narrow_dark(
         page.wait_for_selector(ready)
         page.screenshot(path=str(shots / f"inspector-{name}.png"), full_page=name != "health")
     narrow = logged_in(daemon, browser, viewport=NARROW, color_scheme="dark")
-    for where, ready in [("#/search?q=apple", "article.result"), *views.values(),
+    for where, ready in [("#/search?q=apple", answered("apple")), *views.values(),
                          (f"#/graph/key/{apple}", "#node-list button"), ("#/activity", ".entry")]:
         narrow.goto(f"{daemon.url}/ui/{where}")
         narrow.wait_for_selector(ready)
@@ -510,7 +516,7 @@ def test_the_views_are_reachable_and_usable_from_the_keyboard(daemon: DaemonProc
     assert _tab_until(page, lambda: page.evaluate("document.activeElement.id") == "q")
     page.keyboard.type("apple")
     page.keyboard.press("Enter")
-    page.wait_for_selector("article.result")
+    page.wait_for_selector(answered("apple"))
     assert _tab_until(page, lambda: page.evaluate("document.activeElement.classList.contains('memory-link')"))
     page.keyboard.press("Enter")
     page.wait_for_selector("#memory-content")
