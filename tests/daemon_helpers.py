@@ -87,6 +87,12 @@ POLL: Final = 0.02
 FORGET_ROUNDS: Final = 10
 """``DaemonProcess.forget_all``: one round per version a chain of corrections stacked up."""
 
+CLOSED_PORT: Final = 9
+"""A port on 127.0.0.1 nothing listens on (connecting is refused at once). Below the ephemeral
+range, so no daemon, cluster or connection of the suite is ever given it -- unlike a port bound
+and released to find a free one, which another xdist worker's daemon (they bind port 0) can
+be handed before the test connects."""
+
 # Never inherited by a test daemon: they would change what it does or who it thinks calls.
 _SCRUBBED_PREFIXES: Final = ("KEYMEM_", "CLAUDE_", "CODEX_", "HF_", "HUGGINGFACE_")
 
@@ -154,8 +160,8 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
             "HOME": str(home),
             "KEYMEM_DATA_DIR": str(tmp_path / "data"),
             "KEYMEM_RERANK": "false",
-            # Nothing listens on port 9: no test reaches the network.
-            "KEYMEM_HF_ENDPOINT": "http://127.0.0.1:9",
+            # Nothing listens there: no test reaches the network.
+            "KEYMEM_HF_ENDPOINT": f"http://127.0.0.1:{CLOSED_PORT}",
             "HF_HUB_OFFLINE": "1",
             "KEYMEM_LOG_LEVEL": "info",
             # A start the CLI or a shim waits for gets the tests' budget, not the 20 s default.

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote
 
+from daemon_helpers import CLOSED_PORT
+
 COMMIT: Final = "0123456789abcdef0123456789abcdef01234567"
 # The CDN waits at most this long on a closed gate, so a forgotten gate never hangs a test.
 GATE_TIMEOUT: Final = 30.0
@@ -183,10 +185,7 @@ class FakeHub:
 
 def closed_port_url() -> str:
     """An address where nothing listens: connecting is refused at once."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{CLOSED_PORT}"
 
 
 class SilentServer:

@@ -122,10 +122,14 @@ def test_a_daemon_that_is_not_ready_in_time_is_reported(tmp_path: Path, cli: Cli
 
 
 def test_start_port_flag_and_logs(cli: Cli, tmp_path: Path, stopped_at_end: None) -> None:
+    # The port stays bound (not listening) while the daemon starts: a port released first could
+    # be handed to another xdist worker's daemon (they bind port 0) before this one binds it. The
+    # daemon's own bind shares it (both SO_REUSEADDR, neither listening until it does).
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    started = cli("start", "--port", str(port), "--json")
+        started = cli("start", "--port", str(port), "--json")
     assert started.returncode == 0, started.stderr
     assert json.loads(started.stdout)["port"] == port
     logs = cli("logs", "-n", "200", "--json")

@@ -28,7 +28,7 @@ from typing import Any, Final
 import httpx
 import jsonschema
 import pytest
-from daemon_helpers import READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
+from daemon_helpers import CLOSED_PORT, READY_TIMEOUT, DaemonFactory, DaemonProcess, isolated_env, scaled, wait_for
 
 from keymem_daemon import runtime
 from keymem_daemon.errors import DaemonNotRunning
@@ -806,14 +806,8 @@ def test_an_unreadable_daemon_json_prints_nothing(tmp_path: Path) -> None:
     assert_silent_within(run)
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_daemon_json_naming_a_closed_port_prints_nothing(tmp_path: Path) -> None:
-    run = submit(crafted_env(tmp_path, info_for(closed_port())), tmp_path)
+    run = submit(crafted_env(tmp_path, info_for(CLOSED_PORT)), tmp_path)
     assert_silent_within(run)
     assert "connection refused" in json.dumps(run.debug)
 
@@ -821,7 +815,7 @@ def test_a_daemon_json_naming_a_closed_port_prints_nothing(tmp_path: Path) -> No
 def test_a_daemon_json_naming_a_dead_pid_prints_nothing(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    run = submit(crafted_env(tmp_path, info_for(closed_port(), pid=gone.pid)), tmp_path)
+    run = submit(crafted_env(tmp_path, info_for(CLOSED_PORT, pid=gone.pid)), tmp_path)
     assert_silent_within(run)
     assert "dead pid" in json.dumps(run.debug)
 

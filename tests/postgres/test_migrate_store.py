@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from daemon_helpers import DaemonFactory, isolated_env
+from daemon_helpers import CLOSED_PORT, DaemonFactory, isolated_env
 from pg_cluster import OWNER, PgCluster
 from psycopg.conninfo import conninfo_to_dict
 
@@ -179,7 +178,7 @@ def test_migrate_store_refuses_a_database_holding_other_data_and_names_an_unreac
     assert _rows(pg_database) == before
     # A server nobody answers at: named (role, host, port, database), never the password.
     database = str(conninfo_to_dict(pg_database)["dbname"])
-    port = _closed_port()
+    port = CLOSED_PORT
     dead = pg_cluster.url_for(OWNER, database).replace(f":{pg_cluster.port}/", f":{port}/")
     unreachable = cli("migrate-store", "--to", dead, env=local.env(), timeout=MIGRATE_TIMEOUT)
     assert unreachable.returncode == 1
@@ -204,11 +203,3 @@ def test_migrate_store_refuses_while_the_daemon_runs(cli: Cli, tmp_path: Path, p
     assert refused.returncode == 1 and "stop it (keymemd stop)" in refused.stderr, refused.stderr
     with psycopg.connect(pg_database) as conn:  # refused before the target was touched
         assert conn.execute("SELECT to_regclass('memories')").fetchone() == (None,)
-
-
-def _closed_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
