@@ -9,6 +9,7 @@ tests can call them directly.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -218,6 +219,12 @@ class Service:
                 hybrid.hybrid_recall(each, "warm up", reinforce=False)
             self.activity = activity_log.ActivityLog(graph.store, self.settings.activity_log, clock=self.clock)
             self.graph = graph
+            # What the load built lives as long as the daemon: once its garbage is gone, the
+            # collector stops walking it. A full collection walked all of it (the key index,
+            # the vector tables' id lists and maps): at 10k memories 2 in 120 injects paid
+            # 37-98 ms each (load 20), and 1-11 ms after the freeze.
+            gc.collect()
+            gc.freeze()
             self.detail = None
             self.state = "ready"
             logger.info("ready in %.2f s (embedder %s)", time.perf_counter() - started, embedder.fingerprint)
@@ -415,6 +422,8 @@ class Service:
             federated.close()
         if graph is not None:
             graph.close()
+        # What load froze may be garbage now (a process that opens services one after another).
+        gc.unfreeze()
 
     def ready_graph(self) -> MemoryGraph:
         if self.graph is None:
