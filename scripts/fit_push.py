@@ -6,10 +6,7 @@
 Each set's memories are stored in a fresh in-process service; every prompt of ``--split``
 is judged (``push.judge``: the candidate pool, each candidate's features), and the rows are
 written to ``--features``. On dev the push set is its dev split and tests/fixtures/push_styled
-(the same memories, prompts in another style), as one, and the same dev prompts again
-against each of SMALL_STORES (a few tens of the memories, as a new user's store holds,
-``bench_push.sample_store``; gold cut to them), so the fit sees how its features read when a
-prompt has one candidate or none. A logistic regression (L2, Newton
+(the same memories, prompts in another style), as one. A logistic regression (L2, Newton
 steps) is fitted over all candidates, each labelled by whether it is gold for its prompt, and
 the probability floor is swept: for each floor it prints, per set, what the push path would
 do with it -- push set: hit, silence, precision (top 2); Korean/English set: R@5 and
@@ -40,7 +37,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_client import InProcess  # noqa: E402
-from bench_push import sample_store  # noqa: E402
 
 from keymem_daemon.engine.reads import inject as push  # noqa: E402
 from keymem_daemon.engine.reads.query import namespaces_for_cwd, scope_of  # noqa: E402
@@ -54,11 +50,6 @@ test agree within .03 (scripts/fit_push.py --split test)."""
 SILENCE: float = 0.90
 PRECISION: float = 0.70
 """The push set's floors on dev (issue 18's targets) that the chosen bias must keep."""
-SMALL_STORES: tuple[tuple[int, int], ...] = ((24, 11), (40, 12))
-"""(memories, seed) of the small stores the dev prompts are judged against too. Without them
-the fit learned from a store of 96, where a prompt has 3 candidates (median) and a lone one is
-rare; in a store of 24 the median is 1, and the fit's trust in a lone candidate was the
-small-store figures' whole difference (scripts/bench_push.py --memories)."""
 TASK_POOL: int = 3
 FOLDS: int = 5
 """The floor is chosen on the dev prompts' out-of-fold figures (each prompt judged by the fit
@@ -77,13 +68,9 @@ def sets(split: str) -> list[dict[str, Any]]:
         if split == "dev" and (STYLED / "push_prompts.jsonl").exists():
             # The same memories (symlinks), prompts of another style: one push set to fit on.
             prompts += read_jsonl(STYLED / "push_prompts.jsonl")
-        memories = read_jsonl(FIXTURES / "push_memories.jsonl")
-        mapping = {p["cwd"]: [p["namespace"]] for p in read_jsonl(FIXTURES / "push_projects.jsonl")}
-        out.append({"name": "push", "memories": memories, "prompts": prompts, "top_k": 2, "mapping": mapping})
-        if split == "dev":
-            for size, seed in SMALL_STORES:
-                kept, cut = sample_store(memories, prompts, size, seed)
-                out.append({"name": "push", "memories": kept, "prompts": cut, "top_k": 2, "mapping": mapping})
+        out.append({"name": "push", "memories": read_jsonl(FIXTURES / "push_memories.jsonl"), "prompts": prompts,
+                    "top_k": 2,
+                    "mapping": {p["cwd"]: [p["namespace"]] for p in read_jsonl(FIXTURES / "push_projects.jsonl")}})
     queries = [q for q in read_jsonl(FIXTURES / "ko_en_queries.jsonl") if q["split"] == split]
     out.append({"name": "korean", "memories": read_jsonl(FIXTURES / "ko_en_memories.jsonl"),
                 "prompts": [{**q, "prompt": q["query"]} for q in queries], "top_k": 5})

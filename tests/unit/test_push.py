@@ -50,18 +50,6 @@ def test_features_follow_their_names_and_the_gap_to_the_rest() -> None:
     assert x["identifier"] == 0.0 and x["project"] == 0.0
 
 
-def test_standing_is_how_far_a_candidate_stands_above_its_pool_and_a_lone_one_stands_as_the_first_of_two() -> None:
-    assert push.standing(3.0, [3.0, 1.0, 1.0, 1.0]) == pytest.approx(3.0 ** 0.5)
-    assert push.standing(2.0, [2.0, 1.0]) == pytest.approx(1.0)
-    assert push.standing(1.0, [2.0, 1.0]) == pytest.approx(-1.0)
-    # A store of tens of memories often has one candidate for a prompt: it stands, it is not 0.
-    assert push.standing(0.4, [0.4]) == push.SOLE_STANDING == push.standing(2.0, [2.0, 1.0])
-    assert push.standing(1.0, [1.0, 1.0]) == 0.0
-    x = dict(zip(push.FEATURES, push.features(evidence(score=2.0), best=2.0, rest=0.0, pool=[2.0, 1.0]),
-                 strict=True))
-    assert x["standing"] == pytest.approx(1.0)
-
-
 def test_the_question_gate_keeps_todays_floor() -> None:
     x = list(push.features(evidence(), best=1.0, rest=0.0))
     relevance = push.FEATURES.index("relevance")

@@ -275,7 +275,7 @@ class Evidence:
 
 
 FEATURES: Final = ("key_share", "key_best", "named", "term_share", "identifier", "relevance", "cosine",
-                   "vs_best", "gap", "project", "general", "question", "question_unexplained", "standing")
+                   "vs_best", "gap", "project", "general", "question", "question_unexplained")
 
 
 def asks_general(prompt: str) -> bool:
@@ -303,26 +303,9 @@ def term_share(terms: Sequence[tuple[str, float, bool]]) -> float:
     return sum(w for _, w, held in terms if held) / total if total > 0 else 0.0
 
 
-# A candidate with no rival stands as the first of two always does: one standard deviation
-# above the pool. (At 0, a new user's store, where most prompts have one candidate, lost the
-# memories the prompt names: the certificate and dark-mode examples of tests/unit/test_push.py.)
-SOLE_STANDING: Final = 1.0
-
-
-def standing(score: float, pool: Sequence[float]) -> float:
-    """How far a candidate's fused ``score`` stands above its prompt's candidates (``pool``,
-    their scores, its own among them), in standard deviations of the pool; SOLE_STANDING when
-    it is alone, 0 when they tie."""
-    if len(pool) < 2:
-        return SOLE_STANDING
-    spread = float(np.std(pool))
-    return (score - float(np.mean(pool))) / spread if spread > 0 else 0.0
-
-
-def features(evidence: Evidence, best: float, rest: float, pool: Sequence[float] = ()) -> tuple[float, ...]:
+def features(evidence: Evidence, best: float, rest: float) -> tuple[float, ...]:
     """The decision's inputs, in FEATURES order. ``best`` is the best candidate's fused score
-    for this prompt, ``rest`` the mean of those ranked from REST_FROM on (0 if none), ``pool``
-    every candidate's (``standing``; empty: the candidate alone)."""
+    for this prompt, ``rest`` the mean of those ranked from REST_FROM on (0 if none)."""
     strongest = max((k.reach * k.weight for k in evidence.keys), default=0.0)
     named = max((k.weight for k in evidence.keys if k.named), default=0.0)
     score = max(evidence.score, 1e-9)
@@ -333,8 +316,7 @@ def features(evidence: Evidence, best: float, rest: float, pool: Sequence[float]
     return (key_share(evidence.keys), strongest, named, terms,
             1.0 if evidence.identifiers else 0.0, evidence.relevance, max(0.0, evidence.cosine),
             min(1.0, score / max(best, 1e-9)), gap, 1.0 if evidence.project else 0.0,
-            1.0 if evidence.general else 0.0, 1.0 if evidence.question else 0.0, unexplained,
-            standing(evidence.score, pool))
+            1.0 if evidence.general else 0.0, 1.0 if evidence.question else 0.0, unexplained)
 
 
 # Two gates, the stronger wins. The question gate is today's measured floor: a memory
@@ -440,13 +422,10 @@ def features(evidence: Evidence, best: float, rest: float, pool: Sequence[float]
 #   standing only (.661), the pool's size (.698); in its place, whether a clause's nearest key
 #   in the store is the memory's (.598) or the clauses' key share (.640). Silence, not
 #   precision, binds the floor on dev: at silence .906 precision is ~.90 against the .70 target.
-# These WEIGHTS: the 13 and "standing" (a lone candidate SOLE_STANDING), fitted by
-# scripts/fit_push.py on dev, push_styled and the dev prompts against SMALL_STORES; figures in
-# the fifth round's record (out of fold .680 / .906 / .804; test .679 / .952 / .914).
 QUESTION_FLOOR: Final = 0.5
 QUESTION_SLOPE: Final = 20.0
-WEIGHTS: Final = (1.616, 1.428, -0.461, 1.871, 0.090, 2.509, 1.206, 0.695, 0.727, 0.372, -1.398, -0.290, -0.814, 1.150)
-BIAS: Final = -5.284
+WEIGHTS: Final = (0.827, 0.937, 0.398, 0.931, -0.053, 1.100, 0.933, 2.450, 0.983, 0.632, -1.217, -0.494, -0.621)
+BIAS: Final = -5.261
 
 
 def decide(x: Sequence[float], weights: Sequence[float] = WEIGHTS, bias: float = BIAS) -> float:
@@ -656,7 +635,7 @@ def judge(graph: MemoryGraph, prompt: str, *, scope: Scope, project: frozenset[s
     rest = float(np.mean(tail)) if tail else 0.0
     judged = []
     for h in hits:
-        x = features(evidence[h.id], best, rest, scores)
+        x = features(evidence[h.id], best, rest)
         judged.append(Judged(h.id, evidence[h.id], x, decide(x)))
     judged.sort(key=lambda j: -j.probability)
     return judged, {h.id: h for h in hits}, result.matched_keys
