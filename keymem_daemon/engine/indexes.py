@@ -439,15 +439,18 @@ class GraphIndexes:
         info = self.keys.get(key_id)
         return info.concept if info is not None else key_id
 
-    def _key_tokens_of(self, reader: Reader, memory_id: str) -> str:
-        return " ".join(t for text in reader.key_texts_of(memory_id) for t in self.analyzer.key_tokens(text))
+    def _key_tokens_of(self, reader: Reader, memory_id: str, likely: Sequence[str] | None = None) -> str:
+        return " ".join(t for text in reader.key_texts_of(memory_id, likely=likely)
+                        for t in self.analyzer.key_tokens(text))
 
-    def index_memory(self, writer: Writer, memory_id: str, content_tokens: str | None = None) -> None:
+    def index_memory(self, writer: Writer, memory_id: str, content_tokens: str | None = None,
+                     likely_key_texts: Sequence[str] | None = None) -> None:
+        """``likely_key_texts``: the memory's key texts as the caller knows them (``key_texts_of``)."""
         if content_tokens is None:
             content = writer.memory_content(memory_id)
             assert content is not None
             content_tokens = " ".join(self.analyzer.index_tokens(content))
-        writer.index_memory(memory_id, content_tokens, self._key_tokens_of(writer, memory_id))
+        writer.index_memory(memory_id, content_tokens, self._key_tokens_of(writer, memory_id, likely_key_texts))
 
     def reindex_keys_of(self, writer: Writer, memory_ids: Iterable[str]) -> None:
         for memory_id in memory_ids:
