@@ -30,9 +30,10 @@ from keymem_daemon.store.postgres import repository
 
 KEYS = ["deploy freeze", "배포 동결", "Mina", "release train"]
 # One remember of a new memory whose four keys the store holds already is one unit of five
-# statements: its twin looked up, the memory, its links (one statement), its key texts, its
-# index row. Before: two units (the second read the keys back for the write hints) of eleven
-# -- one statement per link, and the memory's keys' state read before and after.
+# statements: its twin (asserted absent), the memory, its links (one statement), its key texts
+# (asserted as the index holds them), its index row. Before: two units (the second read the
+# keys back for the write hints) of eleven -- one statement per link, and the memory's keys'
+# state read before and after.
 REMEMBER_STATEMENTS = 5
 # Its round trips: one. The twin, and a key of a text the store might hold, are not looked up
 # but asserted absent, the key texts asserted as the index holds them, by statements that go
