@@ -399,12 +399,16 @@ class Federation:
             "relations name its own memories; KEYMEM_TEAM_NAMESPACES says which namespaces live on the server); "
             "nothing was saved", field=field)
 
-    def _store_name(self, graph: MemoryGraph) -> str:
-        """``graph``'s store as ``keymemd status`` names it."""
+    def describe(self, graph: MemoryGraph) -> str:
+        """``graph``'s store as ``keymemd status`` names it: ``sqlite PATH`` or
+        ``postgresql HOST:PORT/DATABASE as ROLE``."""
         if graph is self.local:
-            return f"the local store (sqlite {self.settings.db_path})"
+            return f"sqlite {self.settings.db_path}"
         assert self.settings.store_url is not None  # a federation has a team store
-        return f"the team store ({describe_store_url(self.settings.store_url)})"
+        return describe_store_url(self.settings.store_url)
+
+    def _store_name(self, graph: MemoryGraph) -> str:
+        return f"the {'local' if graph is self.local else 'team'} store ({self.describe(graph)})"
 
     # -- one key per concept ----------------------------------------------------------------
     # A concept linked from memories of both stores has a key in each (each store's links name
@@ -413,10 +417,10 @@ class Federation:
 
     def twin_elsewhere(self, key_id: object) -> str | None:
         """The other store's key for the concept of ``key_id`` (the store not holding it, as
-        ``for_key`` says) when that is another key: a concept keyed in both stores; else None."""
+        ``for_key`` says): a concept keyed in both stores, under another id or under the same
+        one (an import puts a key linked from both stores' memories in both); else None."""
         home = self.for_key(key_id)
-        twin = self.twin(self.team if home is self.local else self.local, key_id)
-        return twin if twin != key_id else None
+        return self.twin(self.team if home is self.local else self.local, key_id)
 
     def twin(self, graph: MemoryGraph, key_id: object) -> str | None:
         """``graph``'s key for the concept of key ``key_id`` of either store (``key_id`` itself

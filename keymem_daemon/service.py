@@ -578,9 +578,8 @@ class Service:
         """Each store's counts (None for a shared store that does not answer: ``stale`` says so)."""
         assert self.graph is not None
         named = [(self.settings.store_description, self.graph)]
-        if self.federation is not None and self.settings.store_url is not None:
-            named = [(f"sqlite {self.settings.db_path}", self.federation.local),
-                     (describe_store_url(self.settings.store_url), self.federation.team)]
+        if self.federation is not None:
+            named = [(self.federation.describe(graph), graph) for graph in self.federation.graphs]
         out = []
         for where, graph in named:
             try:

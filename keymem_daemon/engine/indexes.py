@@ -53,6 +53,12 @@ REPAIR_IDS_SHOWN: Final = 10
 LOANWORD_EVIDENCE: Final = 20
 
 
+def key_idf(link_count: int, *, entity: bool) -> float:
+    """A key's inverse document frequency over ``link_count`` links (``GraphIndexes.idf``)."""
+    value = 1.0 if link_count <= 1 else 1.0 / link_count
+    return value * ENTITY_IDF if entity else value
+
+
 def _word_list(value: str) -> list[str] | None:
     """A JSON list of words as the meta table keeps it, or None if it is not one."""
     try:
@@ -430,10 +436,7 @@ class GraphIndexes:
         """1 for a key on one memory, 1/n on n (all namespaces, history included); entities
         count half, since a name key says who, not what."""
         info = self.keys.get(key_id)
-        if info is None:
-            return 0.0
-        value = 1.0 if info.link_count <= 1 else 1.0 / info.link_count
-        return value * ENTITY_IDF if info.is_entity else value
+        return 0.0 if info is None else key_idf(info.link_count, entity=info.is_entity)
 
     def concept(self, key_id: str) -> str:
         info = self.keys.get(key_id)
