@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from keymem_daemon.activity_log import preview
+from keymem_daemon.config import describe_store_url
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
 from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.indexes import key_idf
@@ -458,11 +459,23 @@ class Inspector:
         return result
 
     def health(self) -> dict[str, Any]:
+        """The health page: the daemon, its stores and their counts, the backups -- which are
+        the local SQLite store's (a PostgreSQL server keeps its own) -- and, on a shared store,
+        what this daemon knows of the server: where and as whom, which namespaces live there,
+        whether what it serves may be stale, its local replica and its change-log position."""
+        settings = self.service.settings
         stats = self.service.stats().as_dict()
+        shared = None
+        if settings.store_url is not None:
+            shared = {"store": describe_store_url(settings.store_url),
+                      "namespaces": list(settings.team_namespaces or ()) if settings.federated else None,
+                      **{name: stats.get(name) for name in ("stale", "replica", "change_log")}}
+        local = settings.store_url is None or settings.federated
         return {"health": render(self.service.health()), "stats": stats, "backups": self.backups(),
-                "settings": {"backup_interval_s": self.service.settings.backup_interval,
-                             "backup_keep": self.service.settings.backup_keep,
-                             "activity_log": self.service.settings.activity_log}}
+                "backups_of": f"sqlite {settings.db_path}" if local else None, "shared_store": shared,
+                "settings": {"backup_interval_s": settings.backup_interval,
+                             "backup_keep": settings.backup_keep,
+                             "activity_log": settings.activity_log}}
 
     def backups(self) -> list[dict[str, Any]]:
         out = []

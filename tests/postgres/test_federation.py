@@ -121,6 +121,11 @@ def test_personal_memories_stay_in_sqlite_and_team_ones_are_shared_through_postg
     assert status.returncode == 0, status.stderr
     assert f"sqlite {alice.data_dir / 'keymem.db'}: 2 memories" in status.stdout, status.stdout
     assert "postgresql 127.0.0.1:" in status.stdout and ": 3 memories" in status.stdout, status.stdout
+    # Where the daemon is in the team store's change log: what it has caught up to.
+    log = wait_for(lambda: (found := alice.client().get("/v1/stats").json()["change_log"])["connected"] and found,
+                   PROPAGATION_TIMEOUT, message="the change log's connection")
+    assert log["position"] > 0 and log["read_to_end_s_ago"] is not None, log
+    assert "change log: at position " in status.stdout, status.stdout
     # The export says per store: the local one's (importable as ever), the team one's inside.
     exported = alice.export()
     assert exported["store"].startswith("sqlite ") and exported["team"]["store"].startswith("postgresql ")
