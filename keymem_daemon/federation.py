@@ -39,6 +39,7 @@ from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import KeyInfo
 from keymem_daemon.engine.ports import Reader, Scope
 from keymem_daemon.engine.reads import inject as push
+from keymem_daemon.engine.reads.browse import best_related
 from keymem_daemon.engine.reads.recall import NEAREST_KEYS
 from keymem_daemon.engine.records import (
     BrowseResult,
@@ -50,6 +51,7 @@ from keymem_daemon.engine.records import (
     ListResult,
     ReadKeyResult,
     RecallResult,
+    RelatedItem,
     Replayed,
     Stats,
     render,
@@ -308,6 +310,8 @@ class Federation:
              on: Callable[[MemoryGraph, tools.Args], Any]) -> Any:
         args = tools.Args(tool, arguments)
         route = ROUTES[tool.name]
+        if tool.name == "related":
+            return self.related(args.raw("memory_id"))
         if route == "memory":
             graph = self.for_memory(args.raw("memory_id"))
             if "related_to" in tool.properties:  # correct: the new version stays in the old one's store
@@ -547,6 +551,18 @@ class Federation:
                             namespace=None, memory_count=sum(p.memory_count for p in pages), key_count=total,
                             keys=[view(held) for _, held, _ in entries[offset:offset + limit]],
                             next_offset=offset + limit if offset + limit < total else None)
+
+    def related(self, memory_id: object) -> list[RelatedItem]:
+        """``related`` over both stores: the memory's neighbours in its own store (shared keys,
+        explicit relations) and, through the concepts of its keys, the other store's memories
+        under its keys of the same concepts; best first, at most ``related_limit`` (the tool's,
+        and the inspector's memory page)."""
+        graph = self.for_memory(memory_id)
+        if not isinstance(memory_id, str):
+            return graph.related(memory_id)  # refused as without team memory
+        concepts = graph.store.read(lambda reader: [graph.concept(k) for k in reader.key_ids_of(memory_id)])
+        parts = self.each(lambda g: g.related(memory_id) if g is graph else g.related_through(concepts, memory_id))
+        return best_related(list(itertools.chain.from_iterable(parts)), self.settings.related_limit)
 
     def _list(self, args: tools.Args) -> ListResult:
         """Both stores' active memories up to the page asked for, oldest first."""

@@ -245,9 +245,11 @@ class Inspector:
 
         memory_data.update(graph.store.read(read))
         memory_data["provenance"] = _provenance(view.memory.source)
+        federated = self.service.federation  # neighbours through a concept keyed in both stores too
+        neighbours = federated.related(memory_id) if federated is not None else graph.related(memory_id)
         memory_data["neighbours"] = [
             {"id": r.id, "content": preview(r.content, 120), "shared_keys": r.shared_keys, "link_type": r.link_type,
-             "score": r.score} for r in graph.related(memory_id)]
+             "score": r.score} for r in neighbours]
         if self.service.activity is not None:
             memory_data["activity"] = [render(e) for e in self.service.activity.page(memory_id=memory_id,
                                                                                      limit=20).entries]

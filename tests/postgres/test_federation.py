@@ -562,3 +562,20 @@ def test_a_key_an_import_put_in_both_stores_under_one_id_is_one_key_with_the_mem
     page = _inspector(daemon)(f"/key/{SHARED_KEY}")
     assert {m["memory_id"] for m in page["members"]} == {"mpersonal001", "mproject0001"}, page
     assert {c["concept"] for c in page["co_keys"]} == {"make zebrafish-dev", "zebra-canary-check"}, page
+
+
+def test_related_and_the_inspector_memory_page_find_neighbours_in_the_other_store_through_a_shared_concept(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """``related`` (and the inspector's neighbours through shared keys) of a personal memory
+    lists the team memory sharing one of its concepts, and the other way round -- each store
+    keys the concept under its own id -- while a memory sharing nothing stays out."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev"])
+    project = daemon.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check"], namespace="team-payments")
+    daemon.remember("the ledger's nightly export runs at two", ["ledger export"], namespace="team-payments")
+    for memory_id, other in ((personal, project), (project, personal)):
+        body = daemon.call("related", {"memory_id": memory_id})
+        assert not body["is_error"], body
+        assert [(r["id"], r["shared_keys"]) for r in body["result"]] == [(other, ["zebrafish-gateway"])], body
+        page = _inspector(daemon)(f"/memory/{memory_id}")
+        assert [n["id"] for n in page["neighbours"]] == [other], page
