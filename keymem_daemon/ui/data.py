@@ -121,11 +121,6 @@ class Inspector:
         federated = self.service.federation
         return federated.for_memory(memory_id) if federated is not None else graph
 
-    def _holding_key(self, key_id: str) -> MemoryGraph:
-        graph = self.service.ready_graph()
-        federated = self.service.federation
-        return federated.for_key(key_id) if federated is not None else graph
-
     # -- search -----------------------------------------------------------------------
 
     def search(self, query: str, filters: SearchFilters, *, limit: int = 20) -> dict[str, Any]:
