@@ -60,6 +60,13 @@ def note(message: str) -> None:
     click.echo(message, err=True)
 
 
+def _change_log_line(log: Mapping[str, Any]) -> str:
+    """``/v1/stats``'s ``change_log`` as one line of ``keymemd status``."""
+    ago = log.get("read_to_end_s_ago")
+    read = f"read to its end {ago} s ago" if ago is not None else "not read to its end yet"
+    return f"at position {log.get('position')}, {read}" + ("" if log.get("connected") else " (not connected)")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     days, rest = divmod(seconds, 86400)
@@ -264,6 +271,7 @@ def status(state: CliState, as_json: bool) -> None:
         "data_dir": info.data_dir,
         "store": stats.get("store"),
         "stores": stats.get("stores"),
+        "change_log": stats.get("change_log"),
         "embedder": stats.get("embedder") or info.embedder,
         "memories": stats.get("memories"),
         "keys": stats.get("keys"),
@@ -294,6 +302,8 @@ def status(state: CliState, as_json: bool) -> None:
         held = (f"{counts['memories']} memories, {counts['keys']} keys, {counts['links']} links" if counts
                 else "does not answer")
         lines.append(f"    {part['store']}: {held}")
+    if isinstance(data["change_log"], dict):
+        lines.append(f"  change log: {_change_log_line(data['change_log'])}")
     if data["embedder"]:
         lines.append(f"  embedder:  {data['embedder']}")
     if isinstance(data["reranker"], dict):

@@ -39,6 +39,7 @@ from keymem_daemon.engine.graph import MemoryGraph
 from keymem_daemon.engine.keys import KeyInfo
 from keymem_daemon.engine.ports import Reader, Scope
 from keymem_daemon.engine.reads import inject as push
+from keymem_daemon.engine.reads.browse import best_related
 from keymem_daemon.engine.reads.recall import NEAREST_KEYS
 from keymem_daemon.engine.records import (
     BrowseResult,
@@ -50,6 +51,7 @@ from keymem_daemon.engine.records import (
     ListResult,
     ReadKeyResult,
     RecallResult,
+    RelatedItem,
     Replayed,
     Stats,
     render,
@@ -308,6 +310,8 @@ class Federation:
              on: Callable[[MemoryGraph, tools.Args], Any]) -> Any:
         args = tools.Args(tool, arguments)
         route = ROUTES[tool.name]
+        if tool.name == "related":
+            return self.related(args.raw("memory_id"))
         if route == "memory":
             graph = self.for_memory(args.raw("memory_id"))
             if "related_to" in tool.properties:  # correct: the new version stays in the old one's store
@@ -399,12 +403,16 @@ class Federation:
             "relations name its own memories; KEYMEM_TEAM_NAMESPACES says which namespaces live on the server); "
             "nothing was saved", field=field)
 
-    def _store_name(self, graph: MemoryGraph) -> str:
-        """``graph``'s store as ``keymemd status`` names it."""
+    def describe(self, graph: MemoryGraph) -> str:
+        """``graph``'s store as ``keymemd status`` names it: ``sqlite PATH`` or
+        ``postgresql HOST:PORT/DATABASE as ROLE``."""
         if graph is self.local:
-            return f"the local store (sqlite {self.settings.db_path})"
+            return f"sqlite {self.settings.db_path}"
         assert self.settings.store_url is not None  # a federation has a team store
-        return f"the team store ({describe_store_url(self.settings.store_url)})"
+        return describe_store_url(self.settings.store_url)
+
+    def _store_name(self, graph: MemoryGraph) -> str:
+        return f"the {'local' if graph is self.local else 'team'} store ({self.describe(graph)})"
 
     # -- one key per concept ----------------------------------------------------------------
     # A concept linked from memories of both stores has a key in each (each store's links name
@@ -413,10 +421,10 @@ class Federation:
 
     def twin_elsewhere(self, key_id: object) -> str | None:
         """The other store's key for the concept of ``key_id`` (the store not holding it, as
-        ``for_key`` says) when that is another key: a concept keyed in both stores; else None."""
+        ``for_key`` says): a concept keyed in both stores, under another id or under the same
+        one (an import puts a key linked from both stores' memories in both); else None."""
         home = self.for_key(key_id)
-        twin = self.twin(self.team if home is self.local else self.local, key_id)
-        return twin if twin != key_id else None
+        return self.twin(self.team if home is self.local else self.local, key_id)
 
     def twin(self, graph: MemoryGraph, key_id: object) -> str | None:
         """``graph``'s key for the concept of key ``key_id`` of either store (``key_id`` itself
@@ -543,6 +551,18 @@ class Federation:
                             namespace=None, memory_count=sum(p.memory_count for p in pages), key_count=total,
                             keys=[view(held) for _, held, _ in entries[offset:offset + limit]],
                             next_offset=offset + limit if offset + limit < total else None)
+
+    def related(self, memory_id: object) -> list[RelatedItem]:
+        """``related`` over both stores: the memory's neighbours in its own store (shared keys,
+        explicit relations) and, through the concepts of its keys, the other store's memories
+        under its keys of the same concepts; best first, at most ``related_limit`` (the tool's,
+        and the inspector's memory page)."""
+        graph = self.for_memory(memory_id)
+        if not isinstance(memory_id, str):
+            return graph.related(memory_id)  # refused as without team memory
+        concepts = graph.store.read(lambda reader: [graph.concept(k) for k in reader.key_ids_of(memory_id)])
+        parts = self.each(lambda g: g.related(memory_id) if g is graph else g.related_through(concepts, memory_id))
+        return best_related(list(itertools.chain.from_iterable(parts)), self.settings.related_limit)
 
     def _list(self, args: tools.Args) -> ListResult:
         """Both stores' active memories up to the page asked for, oldest first."""

@@ -40,6 +40,12 @@ hybrid_recall's ranking and relevance_score are shared with the engine. (The inj
 floor override, and calling ``retrieval.inject`` with ``min_rel`` would follow its new decision.)
 On main the inject route and ``floor`` agree on every prompt; the run prints their agreement.
 
+``--memories N`` stores only N of the set's memories (drawn by ``--memories-seed``), as a new
+user's store of tens of memories holds: each prompt's gold is cut to the memories stored, so a
+prompt whose every gold memory was left out is one that needs none (the store has nothing for it).
+With few memories most prompts have one candidate or none, which is where a decision that weighs
+a candidate against its prompt's other candidates is tried hardest.
+
 ``--with-existing`` (default on) adds the push-path figures of the existing sets, each in its own
 daemon: the Korean/English set's inject R@5 and not-found accuracy (``bench_korean.run`` and
 ``report``, all queries) and LoCoMo's inject R@5 (the facts and questions of ``bench_locomo.load``,
@@ -57,6 +63,7 @@ import argparse
 import importlib
 import json
 import os
+import random
 import sqlite3
 import sys
 import tempfile
@@ -102,6 +109,17 @@ Row = dict[str, Any]
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def sample_store(memories: Sequence[dict[str, Any]], prompts: Sequence[dict[str, Any]], size: int | None,
+                 seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``size`` of the memories (all if None), drawn by ``seed``, and the prompts with their gold
+    cut to those memories."""
+    if size is None or size >= len(memories):
+        return list(memories), list(prompts)
+    kept = set(random.Random(seed).sample(sorted(m["id"] for m in memories), size))
+    return ([m for m in memories if m["id"] in kept],
+            [{**p, "gold": [g for g in p["gold"] if g in kept]} for p in prompts])
 
 
 def namespace_map(projects: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
@@ -305,6 +323,9 @@ def main() -> None:
                              "repository's; tests/fixtures/push_heldout is a second writer's set, all test)")
     parser.add_argument("--top-k", type=int, default=keymem_hook.DEFAULT_TOP_K,
                         help="memories per prompt (default: the hook's)")
+    parser.add_argument("--memories", type=int, default=None,
+                        help="store only this many of the set's memories (a new user's store; gold cut to them)")
+    parser.add_argument("--memories-seed", type=int, default=0, help="which memories --memories draws")
     parser.add_argument("--with-existing", action=argparse.BooleanOptionalAction, default=True,
                         help="also the push-path figures of the Korean/English and LoCoMo sets")
     parser.add_argument("--locomo-data", type=Path,
@@ -318,6 +339,7 @@ def main() -> None:
     projects = read_jsonl(args.set_dir / "push_projects.jsonl")
     memories = read_jsonl(args.set_dir / "push_memories.jsonl")
     prompts = [p for p in read_jsonl(args.set_dir / "push_prompts.jsonl") if args.split in ("all", p["split"])]
+    memories, prompts = sample_store(memories, prompts, args.memories, args.memories_seed)
     mapping = namespace_map(projects)
 
     data_dir = Path(tempfile.mkdtemp(prefix="keymem-push-"))

@@ -53,6 +53,12 @@ REPAIR_IDS_SHOWN: Final = 10
 LOANWORD_EVIDENCE: Final = 20
 
 
+def key_idf(link_count: int, *, entity: bool) -> float:
+    """A key's inverse document frequency over ``link_count`` links (``GraphIndexes.idf``)."""
+    value = 1.0 if link_count <= 1 else 1.0 / link_count
+    return value * ENTITY_IDF if entity else value
+
+
 def _word_list(value: str) -> list[str] | None:
     """A JSON list of words as the meta table keeps it, or None if it is not one."""
     try:
@@ -177,6 +183,7 @@ class GraphIndexes:
         self.counts = ActiveCounts()
         self.namespace_codes: dict[str, int] = {}
         self._codes_lock = threading.Lock()
+        self._tables_lock = threading.Lock()
         # The loanwords the lexical index was cut with; the analyzer may know more.
         self.indexed_vocabulary: frozenset[str] = frozenset()
         self.buffer = RecallBuffer(clock)
@@ -201,11 +208,15 @@ class GraphIndexes:
         return code
 
     def reload_indexes(self) -> None:
-        """Rebuild the in-memory key index and body vectors from the store (after an import)."""
-        self.keys = KeyIndex(self.embedder.dim)
-        self.bodies = VectorTable(self.embedder.dim, quantized=True)
-        self.counts = ActiveCounts()
-        self.load_indexes()
+        """Rebuild the in-memory key index and body vectors from the store (after an import).
+        A change-log batch (``follow_changes``) waits for it, or it for the batch: one applied
+        into the half-loaded tables would have its keys' members counted twice, once by the
+        batch and once more by the load (a federated import's team half, seen as 3 for 2)."""
+        with self._tables_lock:
+            self.keys = KeyIndex(self.embedder.dim)
+            self.bodies = VectorTable(self.embedder.dim, quantized=True)
+            self.counts = ActiveCounts()
+            self.load_indexes()
 
     def load_indexes(self) -> None:
         """Fill the key index, the body table and the member counts from the store.
@@ -266,54 +277,55 @@ class GraphIndexes:
         again, and so are those keys' member counts -- all of them when the writes removed
         memories or links (``removals``), whose keys the log cannot name. Idempotent, so a
         change this daemon made itself, already applied after its commit, does no harm."""
-        dim = self.embedder.dim
-        memory_ids, key_ids = list(dict.fromkeys(memory_ids)), set(key_ids)
+        with self._tables_lock:  # not into tables reload_indexes is filling
+            dim = self.embedder.dim
+            memory_ids, key_ids = list(dict.fromkeys(memory_ids)), set(key_ids)
 
-        def read(reader: Reader) -> tuple[list[tuple[str, npt.NDArray[np.float32] | None, str]],
-                                          list[tuple[str, KeyInfo | None, bytes | None]], ActiveCounts | None]:
-            everything = removals
-            bodies: list[tuple[str, npt.NDArray[np.float32] | None, str]] = []
-            states: dict[str, MemberState | None] = {}
-            rows = reader.memory_states(memory_ids)
-            for memory_id in memory_ids:
-                if memory_id not in rows:
-                    bodies.append((memory_id, None, ""))
-                    everything = True  # deleted since: its keys are unknown
-                    continue
-                blob, linked, state = rows[memory_id]
-                # Current (not superseded) with a vector of the right size: served.
-                current = state is not None and blob is not None and vector_problem(blob, dim) is None
-                bodies.append((memory_id, vector_from(blob) if current and blob is not None else None,
-                               state.namespace if state is not None else ""))
-                key_ids.update(linked)
-                states[memory_id] = state
-            stored = reader.key_rows(sorted(key_ids))
-            keys: list[tuple[str, KeyInfo | None, bytes | None]] = [
-                (key_id, *stored.get(key_id, (None, None))) for key_id in sorted(key_ids)]
-            if not everything:
-                self.counts.recount(key_ids, reader.unexpiring_counts(sorted(key_ids)), states)
-                return bodies, keys, None
-            counts = ActiveCounts()
-            counts.add_counts(reader.unexpiring_counts())
-            for memory_id in reader.expiring_ids():
-                counts.apply(memory_id, None, reader.member_state(memory_id))
-            return bodies, keys, counts
+            def read(reader: Reader) -> tuple[list[tuple[str, npt.NDArray[np.float32] | None, str]],
+                                              list[tuple[str, KeyInfo | None, bytes | None]], ActiveCounts | None]:
+                everything = removals
+                bodies: list[tuple[str, npt.NDArray[np.float32] | None, str]] = []
+                states: dict[str, MemberState | None] = {}
+                rows = reader.memory_states(memory_ids)
+                for memory_id in memory_ids:
+                    if memory_id not in rows:
+                        bodies.append((memory_id, None, ""))
+                        everything = True  # deleted since: its keys are unknown
+                        continue
+                    blob, linked, state = rows[memory_id]
+                    # Current (not superseded) with a vector of the right size: served.
+                    current = state is not None and blob is not None and vector_problem(blob, dim) is None
+                    bodies.append((memory_id, vector_from(blob) if current and blob is not None else None,
+                                   state.namespace if state is not None else ""))
+                    key_ids.update(linked)
+                    states[memory_id] = state
+                stored = reader.key_rows(sorted(key_ids))
+                keys: list[tuple[str, KeyInfo | None, bytes | None]] = [
+                    (key_id, *stored.get(key_id, (None, None))) for key_id in sorted(key_ids)]
+                if not everything:
+                    self.counts.recount(key_ids, reader.unexpiring_counts(sorted(key_ids)), states)
+                    return bodies, keys, None
+                counts = ActiveCounts()
+                counts.add_counts(reader.unexpiring_counts())
+                for memory_id in reader.expiring_ids():
+                    counts.apply(memory_id, None, reader.member_state(memory_id))
+                return bodies, keys, counts
 
-        bodies, keys, counts = self.store.read(read)
-        for memory_id, vector, namespace in bodies:
-            if vector is None:
-                self.bodies.remove(memory_id)
-            else:
-                self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
-        for key_id, info, blob in keys:
-            if info is None:
-                self.keys.remove(key_id)
-            elif blob is not None and vector_problem(blob, dim) is None:
-                self.keys.put(info, vector_from(blob))
-            else:
-                self.keys.put(info)
-        if counts is not None:
-            self.counts = counts
+            bodies, keys, counts = self.store.read(read)
+            for memory_id, vector, namespace in bodies:
+                if vector is None:
+                    self.bodies.remove(memory_id)
+                else:
+                    self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
+            for key_id, info, blob in keys:
+                if info is None:
+                    self.keys.remove(key_id)
+                elif blob is not None and vector_problem(blob, dim) is None:
+                    self.keys.put(info, vector_from(blob))
+                else:
+                    self.keys.put(info)
+            if counts is not None:
+                self.counts = counts
 
     def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
                     problems: set[str]) -> None:
@@ -430,24 +442,24 @@ class GraphIndexes:
         """1 for a key on one memory, 1/n on n (all namespaces, history included); entities
         count half, since a name key says who, not what."""
         info = self.keys.get(key_id)
-        if info is None:
-            return 0.0
-        value = 1.0 if info.link_count <= 1 else 1.0 / info.link_count
-        return value * ENTITY_IDF if info.is_entity else value
+        return 0.0 if info is None else key_idf(info.link_count, entity=info.is_entity)
 
     def concept(self, key_id: str) -> str:
         info = self.keys.get(key_id)
         return info.concept if info is not None else key_id
 
-    def _key_tokens_of(self, reader: Reader, memory_id: str) -> str:
-        return " ".join(t for text in reader.key_texts_of(memory_id) for t in self.analyzer.key_tokens(text))
+    def _key_tokens_of(self, reader: Reader, memory_id: str, likely: Sequence[str] | None = None) -> str:
+        return " ".join(t for text in reader.key_texts_of(memory_id, likely=likely)
+                        for t in self.analyzer.key_tokens(text))
 
-    def index_memory(self, writer: Writer, memory_id: str, content_tokens: str | None = None) -> None:
+    def index_memory(self, writer: Writer, memory_id: str, content_tokens: str | None = None,
+                     likely_key_texts: Sequence[str] | None = None) -> None:
+        """``likely_key_texts``: the memory's key texts as the caller knows them (``key_texts_of``)."""
         if content_tokens is None:
             content = writer.memory_content(memory_id)
             assert content is not None
             content_tokens = " ".join(self.analyzer.index_tokens(content))
-        writer.index_memory(memory_id, content_tokens, self._key_tokens_of(writer, memory_id))
+        writer.index_memory(memory_id, content_tokens, self._key_tokens_of(writer, memory_id, likely_key_texts))
 
     def reindex_keys_of(self, writer: Writer, memory_ids: Iterable[str]) -> None:
         for memory_id in memory_ids:

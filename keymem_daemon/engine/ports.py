@@ -269,9 +269,11 @@ class KeyReads(Protocol):
     def stale_learned_aliases(self, cutoff: float) -> list[tuple[str, str]]:
         """``(key_id, norm)`` of learned aliases never matched, added at or before ``cutoff``."""
 
-    def key_texts_of(self, memory_id: str) -> list[str]:
+    def key_texts_of(self, memory_id: str, *, likely: Sequence[str] | None = None) -> list[str]:
         """The text of each key of a memory, each followed by its aliases (what its key
-        tokens are cut from)."""
+        tokens are cut from). ``likely``: those texts as the caller's key index holds them;
+        a writer on a server may answer with them unread and check them before its COMMIT
+        (a write whose check fails runs again, reading: store/postgres/speculation.py)."""
 
     def key_ids_of(self, memory_id: str, *, manual_only: bool = False) -> list[str]:
         """The keys linked to a memory (``manual_only``: not those autokey linked)."""

@@ -12,16 +12,19 @@ operations agents use.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from keymem_daemon.activity_log import preview
+from keymem_daemon.config import describe_store_url
 from keymem_daemon.engine.freshness import DAY, DECAY_PROFILES, freshness
 from keymem_daemon.engine.graph import MemoryGraph
-from keymem_daemon.engine.ports import MemoryFilter, Reader
+from keymem_daemon.engine.indexes import key_idf
+from keymem_daemon.engine.ports import Alias, MemoryFilter, Reader
 from keymem_daemon.engine.reads.hybrid import hybrid_recall
 from keymem_daemon.engine.reads.query import scope_of
 from keymem_daemon.engine.records import Memory, render
@@ -117,11 +120,6 @@ class Inspector:
         graph = self.service.ready_graph()
         federated = self.service.federation
         return federated.for_memory(memory_id) if federated is not None else graph
-
-    def _holding_key(self, key_id: str) -> MemoryGraph:
-        graph = self.service.ready_graph()
-        federated = self.service.federation
-        return federated.for_key(key_id) if federated is not None else graph
 
     # -- search -----------------------------------------------------------------------
 
@@ -242,9 +240,11 @@ class Inspector:
 
         memory_data.update(graph.store.read(read))
         memory_data["provenance"] = _provenance(view.memory.source)
+        federated = self.service.federation  # neighbours through a concept keyed in both stores too
+        neighbours = federated.related(memory_id) if federated is not None else graph.related(memory_id)
         memory_data["neighbours"] = [
             {"id": r.id, "content": preview(r.content, 120), "shared_keys": r.shared_keys, "link_type": r.link_type,
-             "score": r.score} for r in graph.related(memory_id)]
+             "score": r.score} for r in neighbours]
         if self.service.activity is not None:
             memory_data["activity"] = [render(e) for e in self.service.activity.page(memory_id=memory_id,
                                                                                      limit=20).entries]
@@ -264,42 +264,87 @@ class Inspector:
 
     # -- one key ----------------------------------------------------------------------
 
-    def key(self, key_id: str, *, namespace: str | None = None) -> dict[str, Any]:
-        graph = self._holding_key(key_id)
+    def _key_in_stores(self, key_id: str, namespace: str | None = None) -> list[tuple[MemoryGraph, str]]:
+        """The stores holding key ``key_id``'s concept, each with its own id of it: the store
+        holding ``key_id`` first, then the other store's key of a concept keyed in both; over
+        one namespace, that namespace's store's key only -- as the read_key tool reads them."""
+        graph = self.service.ready_graph()
         federated = self.service.federation
-        twin = federated.twin_elsewhere(key_id) if federated is not None and not namespace else None
-        both = twin is not None
-        if federated is not None and twin is not None:
-            # A concept keyed in both stores: its members in both, as the read_key tool lists them.
-            ranked = federated.read_key_in_both(key_id, twin, query=None, limit=KEY_MEMBERS, offset=0)
+        if federated is None:
+            return [(graph, key_id)]
+        one = federated.for_namespace(namespace) if namespace else None
+        if one is not None:
+            return [(one, federated.twin(one, key_id) or key_id)]
+        home = federated.for_key(key_id)
+        twin = federated.twin_elsewhere(key_id)
+        if twin is None:
+            return [(home, key_id)]
+        return [(home, key_id), (federated.team if home is federated.local else federated.local, twin)]
+
+    def _each_holding(self, held: Sequence[tuple[MemoryGraph, str]],
+                      fn: Callable[[MemoryGraph, str], T]) -> list[tuple[MemoryGraph, str, T]]:
+        """``fn`` over each store of ``held`` with its key id, in ``held``'s order; with both
+        stores, as ``Federation.each`` asks them (a team store that cannot answer is left out)."""
+        federated = self.service.federation
+        if federated is None or len(held) == 1:
+            return [(g, k, fn(g, k)) for g, k in held]
+        ids = {id(g): k for g, k in held}
+        answered = federated.each(lambda g: (g, ids[id(g)], fn(g, ids[id(g)])))
+        return sorted(answered, key=lambda part: part[0] is not held[0][0])
+
+    def key(self, key_id: str, *, namespace: str | None = None) -> dict[str, Any]:
+        """A key's page: its members ranked as read_key ranks them, its aliases, the keys
+        sharing its memories. A concept keyed in both stores shows both stores' members,
+        aliases and co-occurring keys, one key per concept (as ``browse_keys`` shows it)."""
+        held = self._key_in_stores(key_id, namespace)
+        graph, kid = held[0]
+        federated = self.service.federation
+        if federated is not None and len(held) > 1:
+            ranked = federated.read_key_in_both(kid, held[1][1], query=None, limit=KEY_MEMBERS, offset=0)
         else:
-            ranked = graph.read_key(key_id, namespace=namespace or None, limit=KEY_MEMBERS)
-        kid = ranked.key.key_id
+            ranked = graph.read_key(kid, namespace=namespace or None, limit=KEY_MEMBERS)
         member_ids = [h.memory_id for h in ranked.memories]
 
-        def contents_in(g: MemoryGraph) -> dict[str, str]:
-            found = g.store.read(lambda reader: reader.memories(member_ids))
-            return {mid: preview(m.content, 200) for mid, m in found.items()}
+        def read(g: MemoryGraph, k: str) -> tuple[list[Alias], list[tuple[str, int]], dict[str, str]]:
+            def unit(reader: Reader) -> tuple[list[Alias], list[tuple[str, int]], dict[str, str]]:
+                found = reader.memories(member_ids)
+                return (reader.aliases_of(k), reader.co_occurring_keys(k, sample=CO_KEY_SAMPLE, limit=CO_KEYS),
+                        {mid: preview(m.content, 200) for mid, m in found.items()})
+            return g.store.read(unit)
 
-        def read(reader: Reader) -> dict[str, Any]:
-            aliases = render(reader.aliases_of(kid))
-            co = reader.co_occurring_keys(kid, sample=CO_KEY_SAMPLE, limit=CO_KEYS)
-            return {"aliases": aliases,
-                    "co_keys": [{"key_id": r[0], "concept": info.concept, "count": r[1]} for r in co
-                                if (info := graph.keys.get(r[0])) is not None]}
-
-        extra = graph.store.read(read)
-        extra["contents"] = {mid: text for _, found in (self._over(None, contents_in) if both
-                                                         else [(graph, contents_in(graph))])
-                             for mid, text in found.items()}
+        parts = self._each_holding(held, read)
+        contents = {mid: text for _, _, (_, _, found) in parts for mid, text in found.items()}
         members = []
         for handle in render(ranked.memories):
-            handle["content"] = extra["contents"].get(handle["memory_id"], "")
+            handle["content"] = contents.get(handle["memory_id"], "")
             members.append(handle)
-        info = graph.keys.get(kid)
-        return {"key": render(ranked.key), "aliases": extra["aliases"], "members": members, "total": ranked.total,
-                "idf": round(graph.idf(kid), 4), "links_all_namespaces": info.link_count if info else 0,
-                "hub_min_links": graph.settings.hub_min_links, "co_keys": extra["co_keys"]}
+        infos = [(g, info) for g, k in held if (info := g.keys.get(k)) is not None]
+        links = sum(info.link_count for _, info in infos)
+        page: dict[str, Any] = {
+            "key": render(ranked.key), "aliases": render(_aliases_once(a for _, _, (aliases, _, _) in parts
+                                                                       for a in aliases)),
+            "members": members, "total": ranked.total,
+            "idf": round(key_idf(links, entity=infos[0][1].is_entity), 4) if infos else 0.0,
+            "links_all_namespaces": links, "hub_min_links": graph.settings.hub_min_links,
+            "co_keys": self._co_keys([(g, co) for g, _, (_, co, _) in parts])}
+        if federated is not None:
+            page["stores"] = [{"store": federated.describe(g), "key_id": k} for g, k, _ in parts]
+        return page
+
+    @staticmethod
+    def _co_keys(parts: Sequence[tuple[MemoryGraph, list[tuple[str, int]]]]) -> list[dict[str, Any]]:
+        """Each store's co-occurring keys as one list, one entry per concept (the first
+        store's id, the counts of both), most shared first."""
+        concepts: dict[str, dict[str, Any]] = {}
+        for graph, co in parts:
+            for other, count in co:
+                info = graph.keys.get(other)
+                if info is None:
+                    continue
+                entry = concepts.setdefault(normalize(info.concept),
+                                            {"key_id": other, "concept": info.concept, "count": 0})
+                entry["count"] += count
+        return sorted(concepts.values(), key=lambda e: -e["count"])[:CO_KEYS]
 
     def keys(self, *, namespace: str | None = None, hubs_only: bool = False, limit: int = 100,
              offset: int = 0) -> dict[str, Any]:
@@ -327,23 +372,29 @@ class Inspector:
     def graph_of_key(self, key_id: str) -> dict[str, Any]:
         """The key, its strongest active members and their keys: one click's worth of
         neighbourhood. By link weight, not read_key's ranking: that reads every member of
-        a hub, and a click must stay quick on a key with thousands."""
-        graph = self._holding_key(key_id)
-        kid = graph.check_key_id(key_id)
+        a hub, and a click must stay quick on a key with thousands. A concept keyed in both
+        stores brings the strongest members of each, taken in turn."""
+        held = self._key_in_stores(key_id)
+        graph, kid = held[0]
+        graph.check_key_id(kid)
         center = self._key_node(graph, kid)
         assert center is not None  # check_key_id found it
-        nodes = {f"k:{kid}": center}
+        nodes = {center["id"]: center}
         edges: dict[str, dict[str, Any]] = {}
-        now = graph.clock()
 
-        def read(reader: Reader) -> None:
-            members = reader.strongest_members(kid, now=now, limit=GRAPH_MEMBERS)
-            for m in members:
-                nodes[f"m:{m.id}"] = self._memory_node(m)
-            self._link_memories(graph, reader, [m.id for m in members], nodes, edges)
+        def read(g: MemoryGraph, k: str) -> list[tuple[Memory, list[tuple[str, float]]]]:
+            def unit(reader: Reader) -> list[tuple[Memory, list[tuple[str, float]]]]:
+                members = reader.strongest_members(k, now=g.clock(), limit=GRAPH_MEMBERS)
+                links = reader.strongest_links([m.id for m in members], per_memory=GRAPH_KEYS_PER_MEMORY)
+                return [(m, links.get(m.id, [])) for m in members]
+            return g.store.read(unit)
 
-        graph.store.read(read)
-        return {"center": f"k:{kid}", "nodes": list(nodes.values()), "edges": list(edges.values())}
+        parts = self._each_holding(held, read)
+        turns = itertools.zip_longest(*([(g, member) for member in members] for g, _, members in parts))
+        for g, (m, links) in [pair for turn in turns for pair in turn if pair is not None][:GRAPH_MEMBERS]:
+            nodes[f"m:{m.id}"] = self._memory_node(m)
+            self._link_memory(g, m.id, links, nodes, edges)
+        return {"center": center["id"], "nodes": list(nodes.values()), "edges": list(edges.values())}
 
     def graph_of_memory(self, memory_id: str) -> dict[str, Any]:
         graph = self._holding_memory(memory_id)
@@ -355,30 +406,38 @@ class Inspector:
             if m is None:
                 raise NotFound(f"Memory {memory_id} not found")
             nodes[f"m:{m.id}"] = self._memory_node(m)
-            self._link_memories(graph, reader, [m.id], nodes, edges)
+            links = reader.strongest_links([m.id], per_memory=GRAPH_KEYS_PER_MEMORY)
+            self._link_memory(graph, m.id, links.get(m.id, []), nodes, edges)
 
         graph.store.read(read)
         return {"center": f"m:{memory_id}", "nodes": list(nodes.values()), "edges": list(edges.values())}
 
-    def _link_memories(self, graph: MemoryGraph, reader: Reader, memory_ids: Sequence[str],
-                       nodes: dict[str, dict[str, Any]], edges: dict[str, dict[str, Any]]) -> None:
-        for memory_id, links in reader.strongest_links(memory_ids, per_memory=GRAPH_KEYS_PER_MEMORY).items():
-            for kid, weight in links:
-                node = self._key_node(graph, kid)
-                if node is None:
-                    continue
-                nodes.setdefault(f"k:{kid}", node)
-                edge_id = f"k:{kid}|m:{memory_id}"
-                edges[edge_id] = {"id": edge_id, "source": f"k:{kid}", "target": f"m:{memory_id}",
-                                  "weight": round(weight, 3)}
+    def _link_memory(self, graph: MemoryGraph, memory_id: str, links: Sequence[tuple[str, float]],
+                     nodes: dict[str, dict[str, Any]], edges: dict[str, dict[str, Any]]) -> None:
+        """The nodes of a memory's keys (its ``(key_id, weight)`` links in ``graph``) and its edges to them."""
+        for kid, weight in links:
+            node = self._key_node(graph, kid)
+            if node is None:
+                continue
+            nodes.setdefault(node["id"], node)
+            edge_id = f"{node['id']}|m:{memory_id}"
+            edges[edge_id] = {"id": edge_id, "source": node["id"], "target": f"m:{memory_id}",
+                              "weight": round(weight, 3)}
 
-    @staticmethod
-    def _key_node(graph: MemoryGraph, key_id: str) -> dict[str, Any] | None:
+    def _key_node(self, graph: MemoryGraph, key_id: str) -> dict[str, Any] | None:
+        """Key ``key_id`` of ``graph`` as a graph node. A concept keyed in both stores is one
+        node whichever store's memory brings it in, named by the local store's key (whose
+        expansion brings both stores' members), its links those of both."""
         info = graph.keys.get(key_id)
         if info is None:
             return None
-        return {"id": f"k:{key_id}", "kind": "key", "ref": key_id, "label": info.concept,
-                "links": info.link_count}
+        federated = self.service.federation
+        node_id, links = key_id, info.link_count
+        if federated is not None:
+            ids = [(g, federated.twin(g, key_id)) for g in federated.graphs]
+            node_id = ids[0][1] or key_id
+            links = sum(found.link_count for g, k in ids if k is not None and (found := g.keys.get(k)) is not None)
+        return {"id": f"k:{node_id}", "kind": "key", "ref": node_id, "label": info.concept, "links": links}
 
     @staticmethod
     def _memory_node(m: Memory) -> dict[str, Any]:
@@ -397,11 +456,23 @@ class Inspector:
         return result
 
     def health(self) -> dict[str, Any]:
+        """The health page: the daemon, its stores and their counts, the backups -- which are
+        the local SQLite store's (a PostgreSQL server keeps its own) -- and, on a shared store,
+        what this daemon knows of the server: where and as whom, which namespaces live there,
+        whether what it serves may be stale, its local replica and its change-log position."""
+        settings = self.service.settings
         stats = self.service.stats().as_dict()
+        shared = None
+        if settings.store_url is not None:
+            shared = {"store": describe_store_url(settings.store_url),
+                      "namespaces": list(settings.team_namespaces or ()) if settings.federated else None,
+                      **{name: stats.get(name) for name in ("stale", "replica", "change_log")}}
+        local = settings.store_url is None or settings.federated
         return {"health": render(self.service.health()), "stats": stats, "backups": self.backups(),
-                "settings": {"backup_interval_s": self.service.settings.backup_interval,
-                             "backup_keep": self.service.settings.backup_keep,
-                             "activity_log": self.service.settings.activity_log}}
+                "backups_of": f"sqlite {settings.db_path}" if local else None, "shared_store": shared,
+                "settings": {"backup_interval_s": settings.backup_interval,
+                             "backup_keep": settings.backup_keep,
+                             "activity_log": settings.activity_log}}
 
     def backups(self) -> list[dict[str, Any]]:
         out = []
@@ -421,3 +492,15 @@ class Inspector:
         if not path.is_file():
             raise NotFound(f"no backup {name}")
         return path
+
+
+def _aliases_once(aliases: Iterable[Alias]) -> list[Alias]:
+    """Aliases of one concept's keys in both stores, each once (its hits those of both, learned
+    only where no store was given it), the given ones first."""
+    merged: dict[str, Alias] = {}
+    for alias in aliases:
+        norm = normalize(alias.alias)
+        seen = merged.get(norm)
+        merged[norm] = alias if seen is None else dataclasses.replace(
+            seen, hits=seen.hits + alias.hits, learned=seen.learned and alias.learned)
+    return sorted(merged.values(), key=lambda a: a.learned)

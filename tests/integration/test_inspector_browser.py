@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from daemon_helpers import DaemonProcess, scaled
+from daemon_helpers import DaemonFactory, DaemonProcess, scaled
+from pg_cluster import start_on
 from test_hook_push import claude_payload, run_hook
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -456,6 +457,52 @@ def test_an_export_file_imported_from_the_health_page_restores_memories_and_a_ba
     for memory_id in ids:
         assert "error" not in daemon.call("read_memory", {"memory_id": memory_id})["result"], memory_id
     assert browser.errors == [] or all("422" in e for e in browser.errors), browser.errors
+
+
+# -- team memory: personal namespaces in SQLite, team ones in PostgreSQL --------------------
+
+
+PERSONAL: Final = ("My own zebrafish-gateway checkout builds with make zebrafish-dev.",
+                   ["zebrafish-gateway", "make zebrafish-dev"])
+PROJECT: Final = ("The zebrafish-gateway deploys only after zebra-canary-check passes.",
+                  ["zebrafish-gateway", "zebra-canary-check"])
+
+
+def test_with_team_memory_the_key_page_and_graph_span_both_stores_and_health_names_the_server(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str, browser: Browser) -> None:
+    """A daemon keeping ``default`` in SQLite and ``team-*`` in PostgreSQL: a concept keyed in
+    both stores has one key page, listing where it is kept and the co-occurring keys of both,
+    and one graph node joining both stores' memories and keys; the health page names the
+    server and role, the namespaces there, whether it follows the server and its change-log
+    position, and says the backups are the local store's."""
+    daemon = start_on(factories, tmp_path, "a", pg_database, KEYMEM_TEAM_NAMESPACES="team-*")
+    daemon.remember(*PERSONAL)
+    daemon.remember(*PROJECT, namespace="team-payments")
+    stores = daemon.client().get("/v1/stats").json()["stores"]
+    assert [(s["store"].split()[0], s["counts"]["memories"]) for s in stores] == [("sqlite", 1), ("postgresql", 1)]
+    page = logged_in(daemon, browser)
+
+    page.goto(f"{daemon.url}/ui/#/key/{key_id(daemon, 'zebrafish-gateway')}")
+    page.wait_for_selector("main h1:text('Key: zebrafish-gateway')")
+    assert "sqlite" in page.inner_text("#key-stores") and "postgresql" in page.inner_text("#key-stores")
+    co = page.locator("#co-keys .chip").all_inner_texts()
+    assert sorted(c.split(" · ")[0] for c in co) == ["make zebrafish-dev", "zebra-canary-check"], co
+    assert page.locator("main table a[href^='#/memory/']").count() == 2
+
+    page.click("text=Show in the graph")
+    page.wait_for_selector("#node-list button.memory")
+    keys = page.locator("#node-list button.key").all_inner_texts()
+    assert sorted(keys) == ["◆ make zebrafish-dev", "◆ zebra-canary-check", "◆ zebrafish-gateway"], keys
+    assert page.locator("#node-list button.memory").count() == 2
+
+    page.goto(f"{daemon.url}/ui/#/health")
+    page.wait_for_selector("#shared-store")
+    shared = page.inner_text("#shared-store")
+    server = pg_database.split("@")[1].split("?")[0]
+    assert f"postgresql {server} as keymem_owner" in shared, shared
+    assert "team-*" in shared and "follows the server" in shared and "position " in shared, shared
+    assert "local store, sqlite" in page.inner_text("#backups-of")
+    assert browser.errors == [], browser.errors
 
 
 # -- safety and every page -----------------------------------------------------------------

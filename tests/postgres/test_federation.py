@@ -121,6 +121,11 @@ def test_personal_memories_stay_in_sqlite_and_team_ones_are_shared_through_postg
     assert status.returncode == 0, status.stderr
     assert f"sqlite {alice.data_dir / 'keymem.db'}: 2 memories" in status.stdout, status.stdout
     assert "postgresql 127.0.0.1:" in status.stdout and ": 3 memories" in status.stdout, status.stdout
+    # Where the daemon is in the team store's change log: what it has caught up to.
+    log = wait_for(lambda: (found := alice.client().get("/v1/stats").json()["change_log"])["connected"] and found,
+                   PROPAGATION_TIMEOUT, message="the change log's connection")
+    assert log["position"] > 0 and log["read_to_end_s_ago"] is not None, log
+    assert "change log: at position " in status.stdout, status.stdout
     # The export says per store: the local one's (importable as ever), the team one's inside.
     exported = alice.export()
     assert exported["store"].startswith("sqlite ") and exported["team"]["store"].startswith("postgresql ")
@@ -473,3 +478,107 @@ def test_the_inspector_searches_lists_and_opens_memories_and_keys_of_both_stores
     shared = api(f"/key/{concepts['zebrafish-gateway']}")
     assert {m["memory_id"] for m in shared["members"]} == {personal, team}, shared
     assert all(m["content"] for m in shared["members"]), shared
+
+
+def _inspector(daemon: DaemonProcess) -> Callable[[str], Any]:
+    """A GET of the inspector's page data (``/ui/api``), logged in through a link as a browser is."""
+    link = daemon.client().post("/v1/inspect/login-link").json()["url"]
+    browser = daemon.client(token="")
+    assert browser.get(link, follow_redirects=False).status_code == 303
+
+    def api(path: str) -> Any:
+        response = browser.get(f"/ui/api{path}")
+        assert response.status_code == 200, (path, response.text)
+        return response.json()
+
+    return api
+
+
+TEAM_HALF: Final[dict[str, Any]] = {
+    "format": "keymem-export", "version": 1,
+    "keys": [{"id": "2e0fa9a7e209", "concept": "zebrafish-gateway", "aliases": [{"alias": "zgw", "hits": 3}]},
+             {"id": "kcanary00003", "concept": "zebra-canary-check"}],
+    "memories": [{"id": "mproject0001", "content": PROJECT, "namespace": "team-payments"}],
+    "links": [{"key_id": "2e0fa9a7e209", "memory_id": "mproject0001"},
+              {"key_id": "kcanary00003", "memory_id": "mproject0001"}],
+}
+"""The team memory of ``SPANNING`` alone, its gateway key with an alias only the team store holds."""
+
+
+def test_the_inspector_key_page_and_key_graph_of_a_concept_keyed_in_both_stores_span_both(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """A concept keyed in both stores (a personal memory's key in SQLite, a team memory's
+    under another id in PostgreSQL) is one key on the inspector's key page and in its graph,
+    opened by either id: the aliases of both (the team key's here), the co-occurring keys of
+    both, the links of both; the graph's one node for it links both stores' memories."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev"])
+    assert _import(daemon, TEAM_HALF)["event"] == "done"
+    with sqlite3.connect(daemon.data_dir / "keymem.db") as conn:
+        local_key = conn.execute("SELECT id FROM keys WHERE norm = 'zebrafish-gateway'").fetchone()[0]
+    assert local_key != "2e0fa9a7e209" and "2e0fa9a7e209" in _key_ids_in_postgres(pg_database)
+    api = _inspector(daemon)
+    for opened in (local_key, "2e0fa9a7e209"):
+        page = api(f"/key/{opened}")
+        assert {m["memory_id"] for m in page["members"]} == {personal, "mproject0001"}, page
+        assert [(a["alias"], a["learned"], a["hits"]) for a in page["aliases"]] == [("zgw", False, 3)], page
+        assert {c["concept"] for c in page["co_keys"]} == {"make zebrafish-dev", "zebra-canary-check"}, page
+        assert page["links_all_namespaces"] == 2 and page["idf"] == 0.5, page
+        assert [(s["store"].split()[0], s["key_id"]) for s in page["stores"]] == sorted(
+            [("sqlite", local_key), ("postgresql", "2e0fa9a7e209")], key=lambda s: s[1] != opened), page
+        graph = api(f"/graph/key/{opened}")
+        assert graph["center"] == f"k:{local_key}", graph
+        labels = sorted(n["label"] for n in graph["nodes"] if n["kind"] == "key")
+        assert labels == ["make zebrafish-dev", "zebra-canary-check", "zebrafish-gateway"], graph
+        assert {n["ref"] for n in graph["nodes"] if n["kind"] == "memory"} == {personal, "mproject0001"}, graph
+        assert {e["target"] for e in graph["edges"] if e["source"] == f"k:{local_key}"} == \
+            {f"m:{personal}", "m:mproject0001"}, graph
+        assert next(n for n in graph["nodes"] if n["id"] == f"k:{local_key}")["links"] == 2, graph
+    # The team memory's graph names the concept by the same node, so a walk joins both stores.
+    walked = api("/graph/memory/mproject0001")
+    assert f"k:{local_key}" in {n["id"] for n in walked["nodes"]}, walked
+    assert "k:2e0fa9a7e209" not in {n["id"] for n in walked["nodes"]}, walked
+    # Over one namespace, that namespace's store's key, as read_key reads it.
+    team_only = api(f"/key/{local_key}?namespace=team-payments")
+    assert team_only["key"]["key_id"] == "2e0fa9a7e209", team_only
+    assert [m["memory_id"] for m in team_only["members"]] == ["mproject0001"], team_only
+
+
+SHARED_KEY: Final = "5ca1ab1e0001"
+"""``SPANNING``'s shared key under an id the tools take (12 hex digits)."""
+
+
+def test_a_key_an_import_put_in_both_stores_under_one_id_is_one_key_with_the_memories_of_both(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """An import puts a key linked from a personal and a team memory in both stores under its
+    one id: read_key and the inspector's key page list the memories of both, as for a concept
+    keyed in both stores under two ids."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    spanning = json.loads(json.dumps(SPANNING).replace("kzebrafish01", SHARED_KEY))
+    assert _import(daemon, spanning)["event"] == "done"
+    assert SHARED_KEY in _key_ids_in_sqlite(daemon) and SHARED_KEY in _key_ids_in_postgres(pg_database)
+    read = daemon.call("read_key", {"key_id": SHARED_KEY})["result"]
+    assert {h["memory_id"] for h in read["memories"]} == {"mpersonal001", "mproject0001"}, read
+    # Counted once each: the import's reload of the tables and the change log's batch of the
+    # team half do not both count it.
+    assert read["total"] == 2 and read["key"]["memory_count"] == 2, read
+    page = _inspector(daemon)(f"/key/{SHARED_KEY}")
+    assert {m["memory_id"] for m in page["members"]} == {"mpersonal001", "mproject0001"}, page
+    assert {c["concept"] for c in page["co_keys"]} == {"make zebrafish-dev", "zebra-canary-check"}, page
+
+
+def test_related_and_the_inspector_memory_page_find_neighbours_in_the_other_store_through_a_shared_concept(
+        factories: list[DaemonFactory], tmp_path: Path, pg_database: str) -> None:
+    """``related`` (and the inspector's neighbours through shared keys) of a personal memory
+    lists the team memory sharing one of its concepts, and the other way round -- each store
+    keys the concept under its own id -- while a memory sharing nothing stays out."""
+    daemon = _start(factories, tmp_path, "a", pg_database)
+    personal = daemon.remember(PERSONAL, ["zebrafish-gateway", "make zebrafish-dev"])
+    project = daemon.remember(PROJECT, ["zebrafish-gateway", "zebra-canary-check"], namespace="team-payments")
+    daemon.remember("the ledger's nightly export runs at two", ["ledger export"], namespace="team-payments")
+    for memory_id, other in ((personal, project), (project, personal)):
+        body = daemon.call("related", {"memory_id": memory_id})
+        assert not body["is_error"], body
+        assert [(r["id"], r["shared_keys"]) for r in body["result"]] == [(other, ["zebrafish-gateway"])], body
+        page = _inspector(daemon)(f"/memory/{memory_id}")
+        assert [n["id"] for n in page["neighbours"]] == [other], page

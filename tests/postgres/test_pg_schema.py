@@ -16,6 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from keymem_daemon.errors import StoreError
 from keymem_daemon.store.postgres import changes, schema
+from keymem_daemon.store.postgres.repository import PostgresRepository
 from keymem_daemon.store.sqlite import database as sqlite_database
 
 NOTIFY_TIMEOUT = 30.0
@@ -131,6 +132,45 @@ def test_every_sqlite_table_and_column_has_its_postgres_counterpart(tmp_path: Pa
                                           "WHERE table_name = 'memory_fts'")}
     assert wanted - have == set()
     assert {"content_tokens", "key_tokens", "lexemes"} <= fts
+
+
+def test_the_owner_creates_keymem_expect_without_a_schema_version_and_writers_trust_no_other_roles(
+        pg_cluster: PgCluster, store_url: str) -> None:
+    member = _person(pg_cluster, store_url, ("proj", "write"))
+    with psycopg.connect(store_url) as conn:
+        assert schema.can_expect(conn)
+        assert schema.schema_version(conn) == sqlite_database.SCHEMA_VERSION
+        # As a store whose owner last ran a keymem before it: a member neither makes it nor
+        # speculates, and its writes work (they read every answer).
+        conn.execute("DROP FUNCTION keymem_expect(boolean, text)")
+        conn.commit()
+    with psycopg.connect(member) as conn:
+        assert schema.migrate(conn, where="test") == schema.SCHEMA_VERSION
+        assert not schema.can_expect(conn)
+    repo = PostgresRepository.open(member)
+    try:
+        assert not repo.speculative
+        repo.write(lambda w: _add_memory(w._conn, "m-member", "proj"))  # type: ignore[attr-defined]
+        assert repo.read(lambda r: r.is_current("m-member"))
+    finally:
+        repo.close()
+    # A function of that name another role made would run in every writer's transaction with
+    # the writer's privileges: no writer calls it, and the owner does not take it for its own.
+    with psycopg.connect(pg_cluster.superuser_url.rsplit("/", 1)[0] + "/" + _dbname(store_url),
+                         autocommit=True) as superuser:
+        superuser.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(
+            sql.Identifier(str(conninfo_to_dict(member)["user"]))))
+    with psycopg.connect(member) as conn:
+        conn.execute("CREATE FUNCTION keymem_expect(ok boolean, what text) RETURNS void LANGUAGE sql AS $$ $$")
+        conn.commit()
+        assert not schema.can_expect(conn)
+    with psycopg.connect(store_url) as conn:
+        schema.migrate(conn, where="test")
+        assert not schema.can_expect(conn)
+        conn.execute("DROP FUNCTION keymem_expect(boolean, text)")
+        conn.commit()
+        schema.migrate(conn, where="test")  # the owner, again: its own
+        assert schema.can_expect(conn)
 
 
 def test_a_database_with_foreign_tables_is_refused_and_left_unchanged(pg_database: str) -> None:

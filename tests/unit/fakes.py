@@ -403,7 +403,7 @@ class InMemoryReader:
         return [pair for pair, a in sorted(self._tables.aliases.items())
                 if a.learned and a.hits == 0 and a.added_at <= cutoff]
 
-    def key_texts_of(self, memory_id: str) -> list[str]:
+    def key_texts_of(self, memory_id: str, *, likely: Sequence[str] | None = None) -> list[str]:
         texts: list[str] = []
         for kid, _, _ in self._links_of_memory(memory_id):
             texts.append(self._tables.keys[kid].row.concept)

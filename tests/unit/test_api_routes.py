@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +170,19 @@ def test_a_store_url_that_does_not_answer_at_load_is_named_stale_without_the_pas
         assert "s3cret" not in stale and not settings.db_path.exists()
     finally:
         service.close()
+
+
+def test_a_loaded_service_freezes_what_it_built_and_its_close_thaws_it(tmp_path: Path) -> None:
+    # The collector's full passes skip what the load built (it lives as long as the daemon);
+    # a process that opens services one after another gets their garbage collected again.
+    service = Service(settings_for(tmp_path))
+    try:
+        service.load()
+        assert service.state == "ready", service.error
+        assert gc.get_freeze_count() > 0
+    finally:
+        service.close()
+    assert gc.get_freeze_count() == 0
 
 
 def test_inject_renders_relevant_memories(client: TestClient) -> None:

@@ -180,43 +180,57 @@ class Browsing(GraphIndexes):
     def related(self, memory_id: object) -> list[RelatedItem]:
         """Neighbours through shared keys (rarer keys count more) and explicit links."""
         memory_id = require_str(memory_id, "memory_id")
-        now = self.clock()
 
         def read(reader: Reader) -> list[RelatedItem]:
-            memory = reader.memory(memory_id)
-            if memory is None:
+            if reader.memory(memory_id) is None:
                 return []
-            scores: dict[str, float] = {}
-            shared: dict[str, list[str]] = {}
-            kinds: dict[str, set[str]] = {}
-            for key_id in reader.key_ids_of(memory_id):
-                info = self.keys.get(key_id)
-                if info is None:
-                    continue
-                weight = self.idf(key_id)
-                for other in reader.co_members(key_id, memory_id, RELATED_PER_KEY):
-                    scores[other] = scores.get(other, 0.0) + weight
-                    shared.setdefault(other, []).append(info.concept)
-                    kinds.setdefault(other, set()).add("key")
+            return self._neighbours(reader, memory_id, reader.key_ids_of(memory_id), explicit=True)
+
+        return self.store.read(read)
+
+    def related_through(self, concepts: Sequence[str], memory_id: str) -> list[RelatedItem]:
+        """This store's neighbours of another store's memory ``memory_id`` whose keys name
+        ``concepts``: the memories under this store's keys of those concepts, scored as
+        ``related`` scores shared keys (a concept keyed in both stores, ``federation.py``)."""
+        key_ids = list(dict.fromkeys(k for c in concepts if (k := self.keys.by_norm(normalize(c))) is not None))
+        if not key_ids:
+            return []
+        return self.store.read(lambda reader: self._neighbours(reader, memory_id, key_ids, explicit=False))
+
+    def _neighbours(self, reader: Reader, memory_id: str, key_ids: Sequence[str], *,
+                    explicit: bool) -> list[RelatedItem]:
+        """The memories under ``key_ids`` but ``memory_id`` (and, with ``explicit``, those
+        related to it), best first, at most ``related_limit``."""
+        now = self.clock()
+        scores: dict[str, float] = {}
+        shared: dict[str, list[str]] = {}
+        kinds: dict[str, set[str]] = {}
+        for key_id in key_ids:
+            info = self.keys.get(key_id)
+            if info is None:
+                continue
+            weight = self.idf(key_id)
+            for other in reader.co_members(key_id, memory_id, RELATED_PER_KEY):
+                scores[other] = scores.get(other, 0.0) + weight
+                shared.setdefault(other, []).append(info.concept)
+                kinds.setdefault(other, set()).add("key")
+        if explicit:
             for other in reader.explicit_neighbours(memory_id):
                 scores[other] = scores.get(other, 0.0) + EXPLICIT_RELATION_SCORE
                 kinds.setdefault(other, set()).add("explicit")
-            found = reader.memories(scores)
-            items = []
-            for other, score in scores.items():
-                m = found.get(other)
-                if m is None or not m.active(now):
-                    continue
-                kind = kinds[other]
-                items.append(RelatedItem(
-                    id=m.id, content=m.content, shared_keys=shared.get(other, []),
-                    link_type="both" if len(kind) == 2 else ("key" if "key" in kind else "explicit"),
-                    depth=round(m.depth, 3), validity=self.validity_of(m),
-                    score=round(score * self.rank_factor_of(m, now), 4)))
-            items.sort(key=lambda i: (-i.score, -i.validity.freshness))
-            return items[: self.settings.related_limit]
-
-        return self.store.read(read)
+        found = reader.memories(scores)
+        items = []
+        for other, score in scores.items():
+            m = found.get(other)
+            if m is None or not m.active(now):
+                continue
+            kind = kinds[other]
+            items.append(RelatedItem(
+                id=m.id, content=m.content, shared_keys=shared.get(other, []),
+                link_type="both" if len(kind) == 2 else ("key" if "key" in kind else "explicit"),
+                depth=round(m.depth, 3), validity=self.validity_of(m),
+                score=round(score * self.rank_factor_of(m, now), 4)))
+        return best_related(items, self.settings.related_limit)
 
     def list_memories(self, namespace: object = None, *, limit: int = 50, offset: int = 0) -> ListResult:
         ns = self.resolve_namespace(namespace)
@@ -251,3 +265,8 @@ class Browsing(GraphIndexes):
     def has_hangul_content(self) -> bool:
         """Whether the store holds Korean text (the daemon then loads Kiwi at start)."""
         return bool(self.store.read(lambda reader: reader.has_hangul_keys()))
+
+
+def best_related(items: Sequence[RelatedItem], limit: int) -> list[RelatedItem]:
+    """Related memories best first (score, then freshness), at most ``limit``."""
+    return sorted(items, key=lambda i: (-i.score, -i.validity.freshness))[:limit]

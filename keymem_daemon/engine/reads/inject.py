@@ -422,6 +422,45 @@ def features(evidence: Evidence, best: float, rest: float) -> tuple[float, ...]:
 #   standing only (.661), the pool's size (.698); in its place, whether a clause's nearest key
 #   in the store is the memory's (.598) or the clauses' key share (.640). Silence, not
 #   precision, binds the floor on dev: at silence .906 precision is ~.90 against the .70 target.
+# A fifth round made "standing" defined for small pools, and found the pool's size was what it
+# had learned: the full store gives a prompt 3 candidates (median), a store of 24 memories 1, and
+# a z-score over 1 or 2 candidates is 0 or +-1 whatever their scores. scripts/bench_push.py
+# --memories N --memories-seed S measures a new user's store (N of the 96 memories, gold cut to
+# them; --split all, 302 prompts, through the daemon); this gate there: 24 (seed 1) .559 / .902
+# / .613, 24 (seed 2) .667 / .903 / .529, 40 (seed 3) .644 / .830 / .592 -- precision, not hit,
+# is what a small store costs (a lone weak candidate has vs_best and gap 1). Refitted on dev and
+# styled (out of fold hit / silence / precision at the CV floor; test in process; hit in three
+# small stores in process, dev, test and styled prompts; this gate .576 / .671 / .654):
+#   standing as last round (lone 0)      .698 / .906 / .910   test .633 / .929 / .896   small .380 / .474 / .512
+#   a lone candidate 0.5 (1.0)           .693 / .906 / .910   test .651 / .929 / .899   small .424 / .566 / .575
+#                                        (.630 / .906 / .915   test .606 / .952 / .930   small .435 / .539 / .543)
+#   lone 0.5 or 1.0 shrunk in by 0.5-2 candidates' worth
+#                                        .619-.688 out of fold, test .606-.651
+#   against the pool padded with zeros to POOL slots (itself in it or not; spread floor .05-.3)
+#                                        .307-.683, test .229-.624
+#   over a fixed spread (.1-.4), or the pool's shrunk toward one (.1/.2, 1 or 3 pseudo-candidates)
+#                                        .365-.635, test .284-.523
+#   within the best 2-5 candidates, the empty slots 0 (or not padded)
+#                                        .593-.624 (.646-.672), test .550-.606 (.596-.633)
+#   only below the pool's mean, min(0, z) .593, test .615; z over its largest value sqrt(n-1): .556-.624
+# None kept the small stores' hit the 13 features keep (.554 / .671 / .630 refitted) and none beat
+# test. Then the fit was shown small stores: scripts/fit_push.py with the dev prompts judged again
+# against 24 and 40 of the memories (seeds 11, 12; gold cut to them), a lone candidate 1.0, the
+# floor chosen on the pooled out-of-fold figures: .680 / .906 / .804, WEIGHTS (1.616, 1.428,
+# -0.461, 1.871, 0.090, 2.509, 1.206, 0.695, 0.727, 0.372, -1.398, -0.290, -0.814, 1.150), BIAS
+# -5.284. Through the daemon, same hour as this gate (in brackets): test .679 / .952 / .914
+# (.679 / .929 / .798), dev .701 / .864 / .884 (.673 / .909 / .859), push_styled .707 / .850 /
+# .906 (.720 / .800 / .855), Korean/English R@5 .901 / not-found .906 (.823 / .938; in process
+# .896 / .906), LoCoMo inject R@5 .534 (.478), the small stores 24/1 .471 / .953 / .744 (.559 /
+# .902 / .613), 24/2 .630 / .972 / .810 (.667 / .903 / .529), 40/3 .611 / .873 / .655 (.644 /
+# .830 / .592); test_push.py and test_hook_push.py pass. Not adopted: one more unanswerable
+# Korean/English question speaks (q203 "What car does my father drive?" gets the memory that the
+# user has no car), and dev's near misses speak on 6 of 18 (dev silence .864; the floor is held
+# by the pooled silence, where the small stores' prompts, many left with no gold, are quiet).
+# Choosing the floor on the full store's figures alone costs test (hit .569, in process); the same
+# augmentation without "standing" gave test .596 / .976 / .929. The candidate is commit 4b1f439
+# (reverted). The held-out set, measured once at the end on the decision kept (this gate):
+# .457 / .922 / .740, as before.
 QUESTION_FLOOR: Final = 0.5
 QUESTION_SLOPE: Final = 20.0
 WEIGHTS: Final = (0.827, 0.937, 0.398, 0.931, -0.053, 1.100, 0.933, 2.450, 0.983, 0.632, -1.217, -0.494, -0.621)

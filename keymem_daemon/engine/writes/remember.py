@@ -112,10 +112,12 @@ class Host:
 @dataclass(slots=True)
 class BatchKeys:
     """The keys one write transaction has resolved so far: those it created (not in the index
-    until COMMIT), and every key text it used, normalised, with the key it landed on."""
+    until COMMIT), every key text it used, normalised, with the key it landed on, and the keys
+    whose stored texts may differ from the index's (it changed them, or the index lacks them)."""
 
     pending: list[PendingKey] = dataclasses.field(default_factory=list)
     by_norm: dict[str, str] = dataclasses.field(default_factory=dict)
+    unsure: set[str] = dataclasses.field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +338,7 @@ class Remembering(Browsing):
     def _store_memory(self, writer: Writer, request: NewMemory, vectors: Embedded,
                       source: dict[str, Any], batch: BatchKeys | None = None) -> tuple[str, bool, list[KeyRef]]:
         """Insert one memory (or fold it into its identical twin) with its keys and links."""
+        batch = batch if batch is not None else BatchKeys()
         self.sync_vocabulary(writer)
         now = self.clock()
         self.check_related(writer, request.related_to, now)
@@ -361,10 +364,30 @@ class Remembering(Browsing):
         state = MemberState(request.namespace, tuple(sorted({ref.key_id for ref in refs})), expires)
         writer.after_commit(functools.partial(self.counts.apply, memory_id, None, state))
         writer.add_relations(memory_id, request.related_to)
-        self.index_memory(writer, memory_id, vectors.indexable(self.analyzer))
+        self.index_memory(writer, memory_id, vectors.indexable(self.analyzer),
+                          self._likely_key_texts([ref.key_id for ref in refs], batch))
         body, code = vectors.body, self.namespace_code(request.namespace)
         writer.after_commit(lambda: self.bodies.upsert(memory_id, body, code))
         return memory_id, False, refs
+
+    def _likely_key_texts(self, key_ids: Sequence[str], batch: BatchKeys) -> list[str] | None:
+        """The key texts of a memory linked to ``key_ids`` (``key_texts_of``), as this write
+        knows them without reading: a key it created has its text alone, one the index holds
+        that the write left unchanged has the index's text and aliases. None when the write
+        changed a key's texts, or the index lacks the key."""
+        created = {p.id: p.concept for p in batch.pending}
+        texts: list[str] = []
+        for key_id in sorted(key_ids):  # key order, as SQLite reads them
+            info = self.keys.get(key_id)
+            if key_id in batch.unsure:
+                return None
+            if key_id in created:
+                texts.append(created[key_id])
+            elif info is None:
+                return None
+            else:
+                texts.extend([info.concept, *info.aliases])
+        return texts
 
     def check_related(self, reader: Reader, related: Sequence[str], now: float) -> None:
         if not related:
@@ -447,6 +470,7 @@ class Remembering(Browsing):
             batch.by_norm[normalize(key)] = key_id
             if key_id not in linked:
                 linked.append(key_id)
+        batch.unsure.update(touched - created.keys())
         if fresh:
             # A memory inserted in this transaction has no links yet: every one is new, and the
             # store is not asked which (on a server the links go out with the next read).

@@ -117,7 +117,7 @@ class PgKeyRows:
         return [(r[0], r[1]) for r in self._rows(
             "SELECT key_id, norm FROM aliases WHERE learned = 1 AND hits = 0 AND added_at <= %s", (cutoff,))]
 
-    def key_texts_of(self, memory_id: str) -> list[str]:
+    def key_texts_of(self, memory_id: str, *, likely: Sequence[str] | None = None) -> list[str]:
         texts: list[str] = []
         for concept, aliases in self._rows(
                 "SELECT k.concept, ARRAY(SELECT a.alias FROM aliases a WHERE a.key_id = k.id) "

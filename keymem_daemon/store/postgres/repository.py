@@ -55,6 +55,7 @@ from keymem_daemon.store.postgres.search import (
     links_of_rows,
     tokens_of_rows,
 )
+from keymem_daemon.store.postgres.speculation import Misspeculated, PgSpeculation, misspeculation
 from keymem_daemon.store.postgres.transfer import PgTransferRows, PgTransferWriteRows
 from keymem_daemon.store.sqlite.memories import memory_from_row
 
@@ -117,17 +118,20 @@ def _check_if_closed(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
-def _drain(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> None:
+def _drain(conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> psycopg.Error | None:
     """After a unit failed: read what its statements queued after the failing one answered
     (each "pipeline aborted", raised by ``sync``, which then stops reading) up to a Sync, so
-    the error raised is the first one. Each pass reads at least one answer: it ends. A
+    the error raised is the first one; return the first error read here (a statement that
+    failed before the unit read its result). Each pass reads at least one answer: it ends. A
     connection that fails now is the pool's to replace."""
+    first: psycopg.Error | None = None
     while not conn.broken:
         try:
             pipeline.sync()
-            return
-        except psycopg.Error:
-            continue
+            break
+        except psycopg.Error as exc:
+            first = first or exc
+    return first
 
 
 def _session_options(url: str, lock_timeout: float, idle_timeout: float) -> str:
@@ -201,9 +205,10 @@ class PgReader(PgMemoryRows, PgKeyRows, PgSearchRows, PgTransferRows, PgInspectR
 
 
 @dataclass(slots=True)
-class PgWriter(PgReader, PgSearchWriteRows, PgTransferWriteRows, PgInspectWriteRows):
+class PgWriter(PgSpeculation, PgReader, PgSearchWriteRows, PgTransferWriteRows, PgInspectWriteRows):
     """A write transaction in progress: its operations, and work to do after COMMIT."""
 
+    _speculating: bool = False  # store/postgres/speculation.py
     _after: list[Callable[[], object]] = field(default_factory=list)
     index_changed: bool = False
 
@@ -215,8 +220,11 @@ class PostgresRepository:
     """A keymem store on a PostgreSQL server (``KEYMEM_STORE_URL``): an ``engine.ports.Repository``
     whose readers and writers implement every port (tests/postgres checks it with mypy)."""
 
-    def __init__(self, url: str, pool: ConnectionPool[WatchedConnection]) -> None:
+    def __init__(self, url: str, pool: ConnectionPool[WatchedConnection], *, speculative: bool = False) -> None:
         self.where = describe_store_url(url)
+        # Whether writes speculate (store/postgres/speculation.py): the store has its owner's
+        # keymem_expect.
+        self.speculative = speculative
         self.found: Literal["store", "missing", "empty"] = "store"
         self.shared = True  # every daemon of the team writes here
         self.lost: str | None = None
@@ -241,7 +249,7 @@ class PostgresRepository:
         # Autocommit: the units send their own BEGIN and COMMIT (``_unit``).
         kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, "autocommit": True, **changes.LIVENESS,
                                   "options": _session_options(url, lock_timeout, idle_timeout)}
-        found = cls._prepare(url, where, kwargs)
+        found, speculative = cls._prepare(url, where, kwargs)
         pool: ConnectionPool[WatchedConnection] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=POOL_TIMEOUT, open=False, kwargs=kwargs, name="keymem",
             # A request the server stops answering ends (liveness.py): the shim never hangs on it.
@@ -259,16 +267,20 @@ class PostgresRepository:
         except BaseException:
             pool.close()
             raise
-        repository = cls(url, pool)
+        if not speculative:
+            logger.info("the store at %s has no keymem_expect of its owner's (the owner has not run this keymem "
+                        "yet): its writes read every answer", where)
+        repository = cls(url, pool, speculative=speculative)
         repository.found = "missing" if found == 0 else "store"
         return repository
 
     @staticmethod
-    def _prepare(url: str, where: str, kwargs: dict[str, Any]) -> int:
+    def _prepare(url: str, where: str, kwargs: dict[str, Any]) -> tuple[int, bool]:
         """On one connection of its own (before the pool's, which would retry a refusal in the
         background for ``POOL_TIMEOUT`` and log each try): the schema version found, after
-        bringing the schema up to date. A server that refuses this daemon -- a wrong password,
-        an unknown role or database, no CONNECT privilege (``liveness.refusal``) -- raises
+        bringing the schema up to date, and whether writes may speculate (``schema.can_expect``).
+        A server that refuses this daemon -- a wrong password, an unknown role or database, no
+        CONNECT privilege (``liveness.refusal``) -- raises
         ``StoreError`` at once, which nobody retries; one that does not answer,
         ``StoreUnavailable``."""
         try:
@@ -276,7 +288,7 @@ class PostgresRepository:
                 found = schema.schema_version(conn)
                 conn.commit()
                 schema.migrate(conn, where=where)
-                return found
+                return found, schema.can_expect(conn)
         except psycopg.errors.LockNotAvailable as exc:
             raise StoreUnavailable(f"the store at {where} did not let this daemon bring its schema up to date: "
                                    f"{str(exc).strip()} (another session holds keymem's tables); tried again"
@@ -366,21 +378,30 @@ class PostgresRepository:
         BEGIN goes out with the first statement whose result is read, COMMIT with the Sync
         that ends the pipeline -- one round trip per result read, and one for COMMIT.
         (psycopg's ``transaction()`` would sync at its start and at its end, twice each.)
-        Rolled back on any exception; a COMMIT the server refuses raises here."""
-        with conn.pipeline() as pipeline:
-            try:
-                conn.execute(begin)
-                result = fn(pipeline)
-                # Queued: sending it may raise the error of a statement before it.
-                conn.execute(b"COMMIT")
-            except BaseException:
-                _drain(conn, pipeline)
-                if not conn.broken:
-                    # psycopg's rollback, not a ROLLBACK statement: it also forgets the
-                    # statements it prepared in this unit, whose PREPARE the server may have
-                    # skipped after the error.
-                    conn.rollback()
-                raise
+        Rolled back on any exception; a COMMIT the server refuses raises here. A speculating
+        unit's wrong assumption raises ``Misspeculated`` -- also when ``fn`` failed on what it
+        built on it before the server's answer was read."""
+        try:
+            with conn.pipeline() as pipeline:
+                try:
+                    conn.execute(begin)
+                    result = fn(pipeline)
+                    # Queued: sending it may raise the error of a statement before it.
+                    conn.execute(b"COMMIT")
+                except BaseException as exc:
+                    drained = _drain(conn, pipeline)
+                    if not conn.broken:
+                        # psycopg's rollback, not a ROLLBACK statement: it also forgets the
+                        # statements it prepared in this unit, whose PREPARE the server may have
+                        # skipped after the error.
+                        conn.rollback()
+                    if misspeculation(drained) and isinstance(exc, Exception) and not isinstance(exc, psycopg.Error):
+                        raise Misspeculated(str(drained).strip()) from exc
+                    raise
+        except psycopg.Error as exc:  # raised by a read, or at the end (the server rolled back)
+            if misspeculation(exc):
+                raise Misspeculated(str(exc).strip()) from exc
+            raise
         return result
 
     def write(self, fn: Callable[[Writer], T]) -> T:
@@ -395,12 +416,13 @@ class PostgresRepository:
 
     def _write(self, fn: Callable[[Writer], T], turn: contextlib.ExitStack, delay: float, attempt: int,
                started: float) -> T:
+        speculating = self.speculative
         while True:
             attempt += 1
             committing = False
             try:
                 with self._connection() as conn:
-                    def run(pipeline: psycopg.Pipeline) -> tuple[PgWriter, T]:
+                    def run(pipeline: psycopg.Pipeline, speculate: bool = speculating) -> tuple[PgWriter, T]:
                         # A sequential scan makes a serializable transaction conflict with every
                         # write to that table (PostgreSQL's docs: encourage index scans), and on
                         # small tables the planner picks one for nearly every lookup. Priced out,
@@ -410,13 +432,19 @@ class PostgresRepository:
                         nonlocal committing
                         conn.execute(b"SET LOCAL enable_seqscan = off")
                         conn.execute(b"SET LOCAL jit = off")
-                        writer = PgWriter(conn, pipeline, self._lexicon, self._lexicon.generation)
+                        writer = PgWriter(conn, pipeline, self._lexicon, self._lexicon.generation,
+                                          _speculating=speculate)
                         result = fn(writer)
                         committing = True  # what fails now is the COMMIT (and what was queued with it)
                         return writer, result
 
                     with syncing(conn):  # a write holds row locks: liveness.SyncingCursor
                         writer, result = self._unit(conn, _BEGIN_WRITE, run)
+            except Misspeculated as exc:
+                # No other write won: run it again at once, reading what it had assumed.
+                logger.debug("a speculating write assumed wrong (%s), attempt %d", exc, attempt)
+                speculating = False
+                continue
             except _RETRYABLE as exc:
                 if time.monotonic() - started >= WRITE_RETRY_BUDGET:
                     if isinstance(exc, errors.LockNotAvailable):

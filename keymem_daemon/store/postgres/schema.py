@@ -365,6 +365,28 @@ CREATE POLICY remove ON activity FOR DELETE USING (actor = current_user)
 MIGRATIONS: Final[tuple[str, ...]] = (_SCHEMA_V1, _IDEMPOTENCY_FINGERPRINT, _SCHEMA_ACTIVITY)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
+# A write's speculative statements (store/postgres/speculation.py) assert what the writer
+# assumed with it, in the writer's own transaction and under the writer's row-level security
+# (SECURITY INVOKER, the default: it reads nothing itself, the caller's statement does).
+# Code, not data: it holds no rows and changes no table, so it is no schema version (those
+# stay SQLite's, for export and import) -- ``migrate`` creates it when it is missing.
+EXPECT_FUNCTION: Final = "keymem_expect(boolean,text)"
+EXPECT_FAILED: Final = "KM001"
+"""The SQLSTATE ``keymem_expect`` raises (class KM is no PostgreSQL class)."""
+_EXPECT: Final = f"""
+CREATE FUNCTION keymem_expect(ok boolean, what text) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF ok IS NOT TRUE THEN
+        RAISE EXCEPTION 'keymem: % is not as this write assumed', what USING ERRCODE = '{EXPECT_FAILED}';
+    END IF;
+END
+$$
+"""
+# Whether the store's ``keymem_expect`` is there and its owner's: a function another role
+# created under that name would run inside every writer's transaction with its privileges.
+_OWNED: Final = ("SELECT c.relowner = p.proowner FROM pg_class c, pg_proc p "
+                 "WHERE c.oid = to_regclass(%s) AND p.oid = to_regprocedure(%s)")
+
 
 def schema_version(conn: psycopg.Connection[Any]) -> int:
     """The applied schema version: 0 for a database keymem has not set up yet."""
@@ -392,6 +414,7 @@ def migrate(conn: psycopg.Connection[Any], *, where: str) -> int:
                     f"{where} was written by a newer keymem (schema {current}, this version knows "
                     f"{SCHEMA_VERSION}); upgrade keymem instead of downgrading the store")
             if current == SCHEMA_VERSION:
+                _create_functions(conn)
                 return current
             if current == 0 and (tables := _foreign_tables(conn)):
                 raise StoreError(f"{where} holds tables but is not a keymem store ({', '.join(tables[:5])}); it "
@@ -399,3 +422,20 @@ def migrate(conn: psycopg.Connection[Any], *, where: str) -> int:
             conn.execute(MIGRATIONS[current].encode())
             conn.execute(f"UPDATE {VERSION_TABLE} SET version = %s", (current + 1,))
         logger.info("store at %s migrated to schema %d", where, current + 1)
+
+
+def _create_functions(conn: psycopg.Connection[Any]) -> None:
+    """Create the functions that are no schema version (``keymem_expect``) when missing, as
+    the store's owner (under ``migrate``'s lock); a member leaves them to the owner."""
+    missing = conn.execute("SELECT to_regprocedure(%s) IS NULL AND c.relowner = "
+                           "(SELECT oid FROM pg_roles WHERE rolname = current_user) "
+                           "FROM pg_class c WHERE c.oid = to_regclass(%s)", (EXPECT_FUNCTION, VERSION_TABLE)).fetchone()
+    if missing and missing[0]:
+        conn.execute(_EXPECT.encode())
+
+
+def can_expect(conn: psycopg.Connection[Any]) -> bool:
+    """Whether writes on ``conn``'s store may speculate: its ``keymem_expect`` exists and is
+    the store owner's (a store whose owner ran an older keymem has none: its writes read)."""
+    row = conn.execute(_OWNED, (VERSION_TABLE, EXPECT_FUNCTION)).fetchone()
+    return bool(row and row[0])

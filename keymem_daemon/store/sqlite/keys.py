@@ -106,7 +106,7 @@ class KeyRows:
             "SELECT key_id, norm FROM aliases WHERE learned = 1 AND hits = 0 AND added_at <= ?",
             (cutoff,)).fetchall()]
 
-    def key_texts_of(self, memory_id: str) -> list[str]:
+    def key_texts_of(self, memory_id: str, *, likely: Sequence[str] | None = None) -> list[str]:
         texts: list[str] = []
         for row in self._conn.execute(
                 "SELECT k.concept, k.id FROM links l JOIN keys k ON k.id = l.key_id WHERE l.memory_id = ?",

@@ -154,6 +154,24 @@ class LexicalRows:
             self._conn, "SELECT term, doc FROM memory_vocab WHERE term IN ({marks})", list(tokens))}
 
 
+def _active_in_scope(conn: sqlite3.Connection, ranked: Sequence[tuple[int, float]], scope: Scope, now: float
+                     ) -> list[tuple[str, float]]:
+    """The (memory id, score >= 0) of the ranked (rowid, bm25) rows whose memories are active
+    and in scope, in their order."""
+    marks = ",".join("?" * len(ranked))
+    rows = {r[0]: r for r in conn.execute(
+        f"SELECT rowid, id, namespace, expires_at, superseded_by FROM memories WHERE rowid IN ({marks})",
+        [r[0] for r in ranked])}
+    out = []
+    for rowid, score in ranked:
+        row = rows.get(rowid)
+        if row is None or row[4] is not None or (row[3] is not None and now > row[3]) \
+                or (scope is not None and row[2] not in scope):
+            continue
+        out.append((row[1], -float(score)))
+    return out
+
+
 class SearchRows:
     """Retrieval's and the push path's reads (a mixin of session.SqliteReader)."""
 
@@ -173,19 +191,15 @@ class SearchRows:
             # about three times as much on a large store.
             ranked = conn.execute(f"SELECT rowid, {_BM25} AS s FROM memory_fts WHERE memory_fts MATCH ? "
                                   f"ORDER BY s LIMIT ?", (match, fetch)).fetchall()
-            if not ranked:
-                return []
-            marks = ",".join("?" * len(ranked))
-            rows = {r[0]: r for r in conn.execute(
-                f"SELECT rowid, id, namespace, expires_at, superseded_by FROM memories WHERE rowid IN ({marks})",
-                [r[0] for r in ranked])}
-            out = []
-            for rowid, score in ranked:
-                row = rows.get(rowid)
-                if row is None or row[4] is not None or (row[3] is not None and now > row[3]) \
-                        or (scope is not None and row[2] not in scope):
-                    continue
-                out.append((row[1], -float(score)))
+            out: list[tuple[str, float]] = []
+            # The best ``limit`` rows' memories first, the rest only when those fall short: most
+            # are active and in scope, and reading all ``fetch`` rows' memories was a fifth of
+            # the search (bench_hook's prompts at 10k memories: 1.85 -> 1.47 ms CPU per search).
+            start = 0
+            while start < len(ranked) and len(out) < limit:
+                part = ranked[start:start + limit] if start == 0 else ranked[start:]
+                start += len(part)
+                out += _active_in_scope(conn, part, scope, now)
             if len(out) >= limit or len(ranked) < fetch:
                 return out[:limit]
             # Most matches lie outside the scope (a small namespace): let SQLite filter them.

@@ -77,6 +77,11 @@ function keyChip(key) {
   return key.key_id ? el("a", { class: "chip", href: "#/key/" + key.key_id }, label) : el("span", { class: "chip" }, label);
 }
 
+// A file path or a server's address: one long word, broken anywhere in a narrow window.
+function path(text) {
+  return el("span", { class: "path" }, text);
+}
+
 function heading(text) {
   const h = el("h1", { tabindex: "-1" }, text);
   return h;
@@ -333,6 +338,8 @@ async function viewKey(id) {
     heading("Key: " + key.concept),
     el("p", { class: "meta" }, key.key_type + " · " + key.memory_count + " active memories" + (key.is_hub ? " · hub (≥ " + k.hub_min_links + ")" : "") +
       " · specificity " + key.specificity + " · idf " + k.idf + " · " + k.links_all_namespaces + " links in all namespaces"),
+    k.stores ? el("p", { class: "meta path", id: "key-stores" }, "Kept in " +
+      k.stores.map((s) => s.store + " (key " + s.key_id + ")").join(" and ")) : null,
     el("p", {}, el("a", { href: "#/graph/key/" + key.key_id }, "Show in the graph")),
     el("div", { class: "grid2" },
       el("section", {}, el("h2", {}, "Members, ranked as read_key ranks them"),
@@ -341,10 +348,10 @@ async function viewKey(id) {
           badge(h.validity), h.content]))),
       el("aside", {},
         el("h2", {}, "Aliases"),
-        k.aliases.length ? table(["alias", "kind", "hits"], k.aliases.map((a) => [a.alias, a.learned ? "learned" : "given", String(a.hits)]))
-          : el("p", { class: "muted" }, "No aliases."),
+        el("div", { id: "aliases" }, k.aliases.length ? table(["alias", "kind", "hits"], k.aliases.map((a) => [a.alias, a.learned ? "learned" : "given", String(a.hits)]))
+          : el("p", { class: "muted" }, "No aliases.")),
         el("h2", {}, "Co-occurring keys"),
-        el("div", {}, k.co_keys.map((c) => el("a", { class: "chip", href: "#/key/" + c.key_id }, c.concept + " · " + c.count))))));
+        el("div", { id: "co-keys" }, k.co_keys.map((c) => el("a", { class: "chip", href: "#/key/" + c.key_id }, c.concept + " · " + c.count))))));
 }
 
 // -- graph --------------------------------------------------------------------------------
@@ -525,6 +532,10 @@ async function viewHealth() {
   const fileInput = el("input", { type: "file", id: "import-file", accept: "application/json,.json", "aria-label": "Export file to import" });
   const outcome = el("div", { id: "import-outcome", "aria-live": "polite" });
   const log = h.settings.activity_log;
+  const shared = h.shared_store;
+  const followed = (cl) => !cl ? "not followed yet (the server has not answered this daemon)"
+    : "position " + cl.position + (cl.read_to_end_s_ago !== null ? ", read to its end " + cl.read_to_end_s_ago + " s ago"
+      : ", not read to its end yet") + (cl.connected ? "" : " (not connected)");
   show(
     heading("Health"),
     el("div", { class: "grid2" },
@@ -536,14 +547,25 @@ async function viewHealth() {
         table(["", ""], [["embedder", s.embedder || "—"], ["Korean analyser", s.korean_analyzer || "—"],
           ["reranker", (rr.mode || "—") + " · " + (rr.state || "—") + " · ranking " + (rr.ranking || "—")]]),
         el("h2", {}, "Store"),
-        table(["", ""], [["memories", String(s.memories)], ["keys", String(s.keys)], ["links", String(s.links)],
+        table(["", ""], [["at", path(s.store || "—")],
+          ...(s.stores || []).map((part) => [path(part.store), part.counts ? part.counts.memories + " memories, " +
+            part.counts.keys + " keys, " + part.counts.links + " links" : "does not answer"]),
+          ["memories", String(s.memories)], ["keys", String(s.keys)], ["links", String(s.links)],
           ["superseded", String(s.superseded)], ["expired, pending cleanup", String(s.expired_pending_cleanup)],
           ["namespaces", Object.entries(s.namespaces || {}).map(([n, c]) => n + " " + c).join(", ") || "—"],
           ["activity log", log ? log[0] + " entries, " + log[1] + " days" : "off"]]),
+        shared ? el("h2", {}, "Team store (PostgreSQL)") : null,
+        shared ? el("div", { id: "shared-store" }, table(["", ""], [["server and role", path(shared.store)],
+          ["namespaces there", shared.namespaces ? shared.namespaces.join(", ") : "every namespace"],
+          ["state", path(shared.stale || "follows the server")], ["local replica", path(shared.replica || "—")],
+          ["change log", followed(shared.change_log)]])) : null,
         el("h2", {}, "Learned words"),
         (s.learned_words || []).length ? el("p", {}, s.learned_words.join(", ")) : el("p", { class: "muted" }, "None yet.")),
       el("aside", {},
         el("h2", {}, "Backups"),
+        el("p", { class: "meta path", id: "backups-of" }, h.backups_of
+          ? "Of the local store, " + h.backups_of + (shared ? "; the team store's memories are the PostgreSQL server's to back up (pg_dump)." : ".")
+          : "The PostgreSQL server keeps the memories: back it up with its own tools (pg_dump); keymem writes no backups of it."),
         h.backups.length ? table(["file", "size", "written"], h.backups.map((b) => [
           el("a", { href: "/ui/api/backups/" + encodeURIComponent(b.name), download: b.name }, b.name),
           Math.round(b.bytes / 1024) + " KiB", when(b.modified)])) : el("p", { class: "muted" }, "No backups yet."),
