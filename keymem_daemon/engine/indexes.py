@@ -282,7 +282,8 @@ class GraphIndexes:
             memory_ids, key_ids = list(dict.fromkeys(memory_ids)), set(key_ids)
 
             def read(reader: Reader) -> tuple[list[tuple[str, npt.NDArray[np.float32] | None, str]],
-                                              list[tuple[str, KeyInfo | None, bytes | None]], ActiveCounts | None]:
+                                              list[tuple[str, KeyInfo | None, bytes | None]],
+                                              ActiveCounts | Callable[[ActiveCounts], None]]:
                 everything = removals
                 bodies: list[tuple[str, npt.NDArray[np.float32] | None, str]] = []
                 states: dict[str, MemberState | None] = {}
@@ -303,8 +304,8 @@ class GraphIndexes:
                 keys: list[tuple[str, KeyInfo | None, bytes | None]] = [
                     (key_id, *stored.get(key_id, (None, None))) for key_id in sorted(key_ids)]
                 if not everything:
-                    self.counts.recount(key_ids, reader.unexpiring_counts(sorted(key_ids)), states)
-                    return bodies, keys, None
+                    unexpiring = reader.unexpiring_counts(sorted(key_ids))
+                    return bodies, keys, lambda tracked: tracked.recount(key_ids, unexpiring, states)
                 counts = ActiveCounts()
                 counts.add_counts(reader.unexpiring_counts())
                 for memory_id in reader.expiring_ids():
@@ -312,20 +313,25 @@ class GraphIndexes:
                 return bodies, keys, counts
 
             bodies, keys, counts = self.store.read(read)
-            for memory_id, vector, namespace in bodies:
-                if vector is None:
-                    self.bodies.remove(memory_id)
+            # What the read saw committed by this daemon has moved the tables already: its
+            # counts replace those, and no delta of a write it saw lands on them after.
+            with self.store.in_commit_order():
+                for memory_id, vector, namespace in bodies:
+                    if vector is None:
+                        self.bodies.remove(memory_id)
+                    else:
+                        self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
+                for key_id, info, blob in keys:
+                    if info is None:
+                        self.keys.remove(key_id)
+                    elif blob is not None and vector_problem(blob, dim) is None:
+                        self.keys.put(info, vector_from(blob))
+                    else:
+                        self.keys.put(info)
+                if isinstance(counts, ActiveCounts):
+                    self.counts = counts
                 else:
-                    self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
-            for key_id, info, blob in keys:
-                if info is None:
-                    self.keys.remove(key_id)
-                elif blob is not None and vector_problem(blob, dim) is None:
-                    self.keys.put(info, vector_from(blob))
-                else:
-                    self.keys.put(info)
-            if counts is not None:
-                self.counts = counts
+                    counts(self.counts)
 
     def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
                     problems: set[str]) -> None:
@@ -411,7 +417,7 @@ class GraphIndexes:
         def apply() -> None:
             self.indexed_vocabulary = learned
             for info in infos:
-                self.keys.put(info)
+                self.keys.put_written(info, 0)
 
         writer.after_commit(apply)
 

@@ -204,17 +204,38 @@ class KeyIndex:
     # -- changes (writer thread, after commit) --------------------------------------------
 
     def put(self, info: KeyInfo, vector: npt.NDArray[np.floating] | None = None) -> None:
+        """A key as the store holds it now (a load, or the change log read after the commits
+        it reports: the link count is the store's)."""
         with self._lock:
             old = self._info.get(info.id)
             if old is not None:
                 self._unindex(old)
-            self._info[info.id] = info
-            self._by_norm[normalize(info.concept)] = info.id
-            for alias in info.aliases:
-                self._by_norm.setdefault(normalize(alias), info.id)
-            for compact in (info.compact, *info.alias_compacts):
-                if compact:
-                    self._by_compact.setdefault(compact, set()).add(info.id)
+            self._index(info)
+        if vector is not None:
+            self.vectors.upsert(info.id, vector)
+
+    def put_created(self, info: KeyInfo, vector: npt.NDArray[np.floating]) -> None:
+        """``put`` of a key a write created, after its commit, unless the index holds it
+        already: whoever put it there read it after that commit (another write that found it
+        in the store, or the change log), so their link count has this write's link in it."""
+        with self._lock:
+            if info.id not in self._info:
+                self._index(info)
+        self.vectors.upsert(info.id, vector)  # (a write that found it stored had no vector)
+
+    def put_written(self, info: KeyInfo, new_links: int, vector: npt.NDArray[np.floating] | None = None) -> None:
+        """``put`` of a key as a write read it back, after its commit: a key the index holds
+        keeps its link count, moved by the ``new_links`` the write made. The read saw the
+        links committed before the write's snapshot, not those of a concurrent write that
+        committed before it and has moved the index's count by delta already (on a shared
+        store; one SQLite writer commits and applies one write at a time). ``vector``: the
+        key's, when the write created it."""
+        with self._lock:
+            old = self._info.get(info.id)
+            if old is not None:
+                info = replace(info, link_count=max(0, old.link_count + new_links))
+                self._unindex(old)
+            self._index(info)
         if vector is not None:
             self.vectors.upsert(info.id, vector)
 
@@ -236,6 +257,15 @@ class KeyIndex:
             info = self._info.get(key_id)
             if info is not None:
                 self._info[key_id] = replace(info, link_count=max(0, info.link_count + delta))
+
+    def _index(self, info: KeyInfo) -> None:
+        self._info[info.id] = info
+        self._by_norm[normalize(info.concept)] = info.id
+        for alias in info.aliases:
+            self._by_norm.setdefault(normalize(alias), info.id)
+        for compact in (info.compact, *info.alias_compacts):
+            if compact:
+                self._by_compact.setdefault(compact, set()).add(info.id)
 
     def _unindex(self, info: KeyInfo) -> None:
         for text in (info.concept, *info.aliases):

@@ -48,7 +48,7 @@ class Maintenance(Versions):
             for kid in {kid for kid, _ in stale}:
                 if writer.key_concept(kid) is not None:
                     info = writer.key_info(kid)
-                    writer.after_commit(functools.partial(self.keys.put, info))
+                    writer.after_commit(functools.partial(self.keys.put_written, info, 0))
                     # The pruned alias was indexed with the key's memories: take it out.
                     self.reindex_keys_of(writer, writer.memories_linked_to([kid]))
             candidates = writer.prune_alias_candidates(cutoff)

@@ -482,12 +482,17 @@ class Remembering(Browsing):
         infos = {kid: created[kid] if kid in created else read_back[kid][0] for kid in touched}
         vectors_of = {p.id: p.vector for p in pending}
 
+        made = set(new_links)
+
         def apply() -> None:
             for kid, info in infos.items():
-                self.keys.put(info, vectors_of.get(kid))
+                if kid in created:
+                    self.keys.put_created(info, vectors_of[kid])
+                else:
+                    self.keys.put_written(info, 1 if kid in made else 0, vectors_of.get(kid))
 
         writer.after_commit(apply)
-        # Key infos above already carry fresh link counts; only untouched keys need deltas.
+        # The keys above carry their link counts; the others' move by delta.
         for kid in new_links:
             if kid not in touched:
                 writer.after_commit(functools.partial(self.keys.add_links, kid, 1))
@@ -541,7 +546,7 @@ class Remembering(Browsing):
             if self._add_alias(writer, key_id, text, learned=True):
                 logger.info("autokey: learned an alias for key %s", key_id)
                 fresh = writer.key_info(key_id)
-                writer.after_commit(lambda: self.keys.put(fresh))
+                writer.after_commit(lambda: self.keys.put_written(fresh, 0))
                 self.reindex_keys_of(writer, writer.memories_linked_to([key_id], limit=ALIAS_REINDEX_LIMIT))
         else:
             with self.counting(writer, [memory_id]):

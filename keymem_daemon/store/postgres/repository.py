@@ -232,6 +232,9 @@ class PostgresRepository:
         self._lexicon = LexicalStatistics()
         # Reentrant: an after-commit step may write again.
         self._retrying = threading.RLock()
+        # Held by a write from its COMMIT to the end of its after-commit steps (reentrant: a
+        # step may write again): ``in_commit_order``.
+        self._commit_order = threading.RLock()
         self._reading = threading.local()  # ``reader``: the read unit this thread is inside
         # The connections out with this daemon's units now: whether the server answers them
         # tells a busy daemon from a server gone (``_connection``).
@@ -420,68 +423,86 @@ class PostgresRepository:
         while True:
             attempt += 1
             committing = False
-            try:
-                with self._connection() as conn:
-                    def run(pipeline: psycopg.Pipeline, speculate: bool = speculating) -> tuple[PgWriter, T]:
-                        # A sequential scan makes a serializable transaction conflict with every
-                        # write to that table (PostgreSQL's docs: encourage index scans), and on
-                        # small tables the planner picks one for nearly every lookup. Priced out,
-                        # a sequential scan costs 1e10, past jit_above_cost: no JIT, or a one-row
-                        # DELETE of meta is compiled first (~0.5 s). (Two statements: pipeline
-                        # mode sends one per message; both ride the unit's first round trip.)
-                        nonlocal committing
-                        conn.execute(b"SET LOCAL enable_seqscan = off")
-                        conn.execute(b"SET LOCAL jit = off")
-                        writer = PgWriter(conn, pipeline, self._lexicon, self._lexicon.generation,
-                                          _speculating=speculate)
-                        result = fn(writer)
-                        committing = True  # what fails now is the COMMIT (and what was queued with it)
-                        return writer, result
-
-                    with syncing(conn):  # a write holds row locks: liveness.SyncingCursor
-                        writer, result = self._unit(conn, _BEGIN_WRITE, run)
-            except Misspeculated as exc:
-                # No other write won: run it again at once, reading what it had assumed.
-                logger.debug("a speculating write assumed wrong (%s), attempt %d", exc, attempt)
-                speculating = False
-                continue
-            except _RETRYABLE as exc:
-                if time.monotonic() - started >= WRITE_RETRY_BUDGET:
-                    if isinstance(exc, errors.LockNotAvailable):
-                        raise Conflict(f"the store at {self.where} kept the rows this write changes locked for "
-                                       f"{WRITE_RETRY_BUDGET:g} s: another session holds them (the server ends one "
-                                       "that hangs mid-transaction after KEYMEM_STORE_IDLE_TIMEOUT); nothing was "
-                                       "written, try again") from None
-                    raise Conflict(f"the store at {self.where} refused the write {attempt} times in "
-                                   f"{WRITE_RETRY_BUDGET:g} s for concurrent writes ({exc.sqlstate}); try again"
-                                   ) from None
-                logger.debug("write refused (%s), attempt %d", exc.sqlstate, attempt)
-                if attempt == 1:
-                    turn.enter_context(self._retrying)
-                time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
-                delay = min(delay * 2, RETRY_BACKOFF_MAX)
-                continue
-            except errors.InsufficientPrivilege as exc:
-                # Row-level security: the namespace was not granted to this role for writing.
-                raise Refused(f"the store at {self.where} refused the write: {str(exc).strip()} (ask the "
-                              "database owner for a write grant: keymemd team grant NAMESPACE ROLE --write)") from None
-            except (PoolTimeout, psycopg.OperationalError) as exc:
-                if committing:
-                    # The COMMIT was sent and its answer never came: the server may have
-                    # committed it (a retry with the same Idempotency-Key gets its first answer).
-                    raise StoreUnavailable(f"the store at {self.where} stopped answering while it committed the "
-                                           f"write: {str(exc).strip()}; it may or may not have been saved (retry "
-                                           "with the same Idempotency-Key, or read it back)") from None
-                raise StoreUnavailable(f"the store at {self.where} refused the write or does not answer: "
-                                 f"{str(exc).strip()}; nothing was written") from None
-            if writer.index_changed:
-                self._lexicon.renew()
-            for callback in writer._after:
+            with contextlib.ExitStack() as in_order:
                 try:
-                    callback()
-                except Exception:
-                    logger.exception("an after-commit step failed; the in-memory index may lag")
-            return result
+                    with self._connection() as conn:
+                        def run(pipeline: psycopg.Pipeline, speculate: bool = speculating) -> tuple[PgWriter, T]:
+                            # A sequential scan makes a serializable transaction conflict with every
+                            # write to that table (PostgreSQL's docs: encourage index scans), and on
+                            # small tables the planner picks one for nearly every lookup. Priced out,
+                            # a sequential scan costs 1e10, past jit_above_cost: no JIT, or a one-row
+                            # DELETE of meta is compiled first (~0.5 s). (Two statements: pipeline
+                            # mode sends one per message; both ride the unit's first round trip.)
+                            nonlocal committing
+                            conn.execute(b"SET LOCAL enable_seqscan = off")
+                            conn.execute(b"SET LOCAL jit = off")
+                            writer = PgWriter(conn, pipeline, self._lexicon, self._lexicon.generation,
+                                              _speculating=speculate)
+                            result = fn(writer)
+                            committing = True  # what fails now is the COMMIT (and what was queued with it)
+                            # From the COMMIT to the after-commit steps (``in_commit_order``).
+                            in_order.enter_context(self._commit_order)
+                            return writer, result
+
+                        with syncing(conn):  # a write holds row locks: liveness.SyncingCursor
+                            try:
+                                writer, result = self._unit(conn, _BEGIN_WRITE, run)
+                            except BaseException:
+                                # A refused COMMIT has nothing to apply: the order is let go before
+                                # a retry waits for its turn (``_retrying``), held by a write that
+                                # may be waiting for the order.
+                                in_order.close()
+                                raise
+                except Misspeculated as exc:
+                    # No other write won: run it again at once, reading what it had assumed.
+                    logger.debug("a speculating write assumed wrong (%s), attempt %d", exc, attempt)
+                    speculating = False
+                    continue
+                except _RETRYABLE as exc:
+                    if time.monotonic() - started >= WRITE_RETRY_BUDGET:
+                        if isinstance(exc, errors.LockNotAvailable):
+                            raise Conflict(f"the store at {self.where} kept the rows this write changes locked for "
+                                           f"{WRITE_RETRY_BUDGET:g} s: another session holds them (the server ends one "
+                                           "that hangs mid-transaction after KEYMEM_STORE_IDLE_TIMEOUT); nothing was "
+                                           "written, try again") from None
+                        raise Conflict(f"the store at {self.where} refused the write {attempt} times in "
+                                       f"{WRITE_RETRY_BUDGET:g} s for concurrent writes ({exc.sqlstate}); try again"
+                                       ) from None
+                    logger.debug("write refused (%s), attempt %d", exc.sqlstate, attempt)
+                    if attempt == 1:
+                        turn.enter_context(self._retrying)
+                    time.sleep(delay * (1 + random.random()))  # noqa: S311 - jitter, not secrecy
+                    delay = min(delay * 2, RETRY_BACKOFF_MAX)
+                    continue
+                except errors.InsufficientPrivilege as exc:
+                    # Row-level security: the namespace was not granted to this role for writing.
+                    raise Refused(f"the store at {self.where} refused the write: {str(exc).strip()} (ask the "
+                                  "database owner for a write grant: keymemd team grant NAMESPACE ROLE --write)"
+                                  ) from None
+                except (PoolTimeout, psycopg.OperationalError) as exc:
+                    if committing:
+                        # The COMMIT was sent and its answer never came: the server may have
+                        # committed it (a retry with the same Idempotency-Key gets its first answer).
+                        raise StoreUnavailable(f"the store at {self.where} stopped answering while it committed the "
+                                               f"write: {str(exc).strip()}; it may or may not have been saved (retry "
+                                               "with the same Idempotency-Key, or read it back)") from None
+                    raise StoreUnavailable(f"the store at {self.where} refused the write or does not answer: "
+                                     f"{str(exc).strip()}; nothing was written") from None
+                if writer.index_changed:
+                    self._lexicon.renew()
+                for callback in writer._after:
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("an after-commit step failed; the in-memory index may lag")
+                return result
+
+    def in_commit_order(self) -> contextlib.AbstractContextManager[object]:
+        """Held while what a read found is applied to the in-memory tables: no write of this
+        daemon is then between its COMMIT and its after-commit steps, so each commit the read
+        saw has moved the tables already (a link count the read includes is not moved again
+        by its write's delta), and this daemon's writes apply in the order they committed."""
+        return self._commit_order
 
     def change_cursor(self) -> int:
         """Where a daemon that loads its tables now starts following the change log: every
