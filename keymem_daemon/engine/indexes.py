@@ -313,25 +313,25 @@ class GraphIndexes:
                 return bodies, keys, counts
 
             bodies, keys, counts = self.store.read(read)
-            # What the read saw committed by this daemon has moved the tables already: its
-            # counts replace those, and no delta of a write it saw lands on them after.
-            with self.store.in_commit_order():
-                for memory_id, vector, namespace in bodies:
-                    if vector is None:
-                        self.bodies.remove(memory_id)
-                    else:
-                        self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
-                for key_id, info, blob in keys:
-                    if info is None:
-                        self.keys.remove(key_id)
-                    elif blob is not None and vector_problem(blob, dim) is None:
-                        self.keys.put(info, vector_from(blob))
-                    else:
-                        self.keys.put(info)
-                if isinstance(counts, ActiveCounts):
-                    self.counts = counts
+            # Each write of this daemon the read saw committed moves the tables first: these
+            # counts replace what it did, and no delta of its lands on them after.
+            self.store.wait_for_commits()
+            for memory_id, vector, namespace in bodies:
+                if vector is None:
+                    self.bodies.remove(memory_id)
                 else:
-                    counts(self.counts)
+                    self.bodies.upsert(memory_id, vector, self.namespace_code(namespace))
+            for key_id, info, blob in keys:
+                if info is None:
+                    self.keys.remove(key_id)
+                elif blob is not None and vector_problem(blob, dim) is None:
+                    self.keys.put(info, vector_from(blob))
+                else:
+                    self.keys.put(info)
+            if isinstance(counts, ActiveCounts):
+                self.counts = counts
+            else:
+                counts(self.counts)
 
     def _quarantine(self, bad_keys: Sequence[tuple[KeyInfo, str]], bad_bodies: Sequence[tuple[str, str, str, bool]],
                     problems: set[str]) -> None:

@@ -13,7 +13,6 @@ area's operations are one Protocol below; ``Reader`` and ``Writer`` combine them
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
@@ -589,12 +588,11 @@ class Repository(Protocol):
         """Run the in-memory tables' load (``read``, unless the store keeps a local copy its
         change log brings up to date afterwards: a team store's replica, store/postgres/resume.py)."""
 
-    def in_commit_order(self) -> AbstractContextManager[object]:
-        """Held while what a read found is applied to the in-memory tables: each write of
-        this daemon the read saw committed has run its after-commit steps by then, and none
-        runs them meanwhile (the change log's follower: a link count the read includes is not
-        moved again by its write's delta)."""
-        ...
+    def wait_for_commits(self) -> None:
+        """Return once each write of this daemon that had sent its COMMIT has run its
+        after-commit steps: what a read just found is applied to the in-memory tables after
+        the steps of every write it saw committed (the change log's follower: a link count
+        the read includes is not moved again by that write's delta after it)."""
 
     def check_files(self) -> str | None: ...
 

@@ -1,7 +1,7 @@
 """A key's link count in the in-memory index stays the store's when writes of one daemon on a
 shared store race: the after-commit steps of two writes, and of a write and the change log's
 follower, may run in either order (engine/keys.py ``put_created`` / ``put_written``,
-PostgresRepository.in_commit_order)."""
+PostgresRepository.wait_for_commits)."""
 from __future__ import annotations
 
 import threading
@@ -85,33 +85,40 @@ def test_a_write_that_finds_a_key_another_just_created_keeps_both_links_whicheve
 
 def test_the_change_log_applies_what_it_read_only_after_the_writes_it_saw_applied_theirs(
         graph: MemoryGraph, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write holds the commit order from its COMMIT through its after-commit steps: a
-    follower's apply waits for it (else the follower's count, read after the commit, would be
-    moved again by the write's delta)."""
+    """A follower's apply waits for each write that had sent its COMMIT to run its
+    after-commit steps (else the follower's count, read after the commit, would be moved
+    again by the write's delta); a write committing meanwhile does not wait for it."""
     _remember(graph, "Grafana dashboards live in infra/dashboards", ["grafana", "dashboards"])
     entered = threading.Event()
     inside: list[bool] = []
     original = graph.keys.add_links
 
     def delta_with_a_follower(key_id: str, delta: int) -> None:
+        monkeypatch.setattr(graph.keys, "add_links", original)  # once
         follower = threading.Thread(target=lambda: _hold(graph, entered))
         follower.start()
-        # The write is between its COMMIT and its steps: the follower must not get in.
-        inside.append(entered.wait(0.5))
-        original(key_id, delta)
-        monkeypatch.setattr(graph.keys, "add_links", original)
         follower_threads.append(follower)
+        # The write is between its COMMIT and its steps: the follower must not apply yet.
+        inside.append(entered.wait(0.5))
+        # Another write commits and applies meanwhile, waiting for neither.
+        other = threading.Thread(target=_remember, args=(graph, "Grafana runs on port 3000", ["grafana", "port"]))
+        other.start()
+        other.join(scaled(30))
+        others_done.append(not other.is_alive())
+        original(key_id, delta)
 
     follower_threads: list[threading.Thread] = []
+    others_done: list[bool] = []
     monkeypatch.setattr(graph.keys, "add_links", delta_with_a_follower)
     _remember(graph, "Grafana alerts page the on-call channel", ["grafana", "alerts"])
     for follower in follower_threads:
         follower.join(scaled(30))
     assert inside == [False]
-    assert entered.is_set()  # and once the write was done, it got in
-    assert _link_count(graph, "grafana") == _stored_link_count(graph, "grafana") == 2
+    assert others_done == [True]
+    assert entered.is_set()  # and once the write was done, it applied
+    assert _link_count(graph, "grafana") == _stored_link_count(graph, "grafana") == 3
 
 
 def _hold(graph: MemoryGraph, entered: threading.Event) -> None:
-    with graph.store.in_commit_order():
-        entered.set()
+    graph.store.wait_for_commits()
+    entered.set()

@@ -10,7 +10,6 @@ real-model tests in ``tests/unit/test_engine_*.py`` stay as they are.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -993,8 +992,8 @@ class InMemoryRepository:
                 logger.exception("an after-commit step failed; the in-memory index may lag")
         return result
 
-    def in_commit_order(self) -> contextlib.AbstractContextManager[object]:
-        return contextlib.nullcontext()  # no change log is followed: nothing reads what a write applies
+    def wait_for_commits(self) -> None:
+        """Nothing to wait for: no change log is followed."""
 
     def check_files(self) -> str | None:
         return None  # no file can be replaced under it

@@ -494,8 +494,9 @@ class FailoverRepository:
     def change_cursor(self) -> int:
         return self._server().change_cursor()
 
-    def in_commit_order(self) -> contextlib.AbstractContextManager[object]:
-        return self.primary.in_commit_order() if self.primary is not None else contextlib.nullcontext()
+    def wait_for_commits(self) -> None:
+        if self.primary is not None:
+            self.primary.wait_for_commits()
 
     def analyze(self) -> None:
         if self.primary is not None:

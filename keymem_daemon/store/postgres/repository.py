@@ -22,6 +22,7 @@ work on a psycopg connection pool, many daemons on one database.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import random
 import select
@@ -232,9 +233,11 @@ class PostgresRepository:
         self._lexicon = LexicalStatistics()
         # Reentrant: an after-commit step may write again.
         self._retrying = threading.RLock()
-        # Held by a write from its COMMIT to the end of its after-commit steps (reentrant: a
-        # step may write again): ``in_commit_order``.
-        self._commit_order = threading.RLock()
+        # The writes between their COMMIT and the end of their after-commit steps, by ticket
+        # (``wait_for_commits``); notified as each leaves.
+        self._committing: set[int] = set()
+        self._tickets = itertools.count()
+        self._committed = threading.Condition()
         self._reading = threading.local()  # ``reader``: the read unit this thread is inside
         # The connections out with this daemon's units now: whether the server answers them
         # tells a busy daemon from a server gone (``_connection``).
@@ -440,17 +443,16 @@ class PostgresRepository:
                                               _speculating=speculate)
                             result = fn(writer)
                             committing = True  # what fails now is the COMMIT (and what was queued with it)
-                            # From the COMMIT to the after-commit steps (``in_commit_order``).
-                            in_order.enter_context(self._commit_order)
+                            # From the COMMIT to the after-commit steps (``wait_for_commits``).
+                            in_order.callback(self._left_commit, self._entered_commit())
                             return writer, result
 
                         with syncing(conn):  # a write holds row locks: liveness.SyncingCursor
                             try:
                                 writer, result = self._unit(conn, _BEGIN_WRITE, run)
                             except BaseException:
-                                # A refused COMMIT has nothing to apply: the order is let go before
-                                # a retry waits for its turn (``_retrying``), held by a write that
-                                # may be waiting for the order.
+                                # A refused COMMIT has nothing to apply: no follower waits for it
+                                # while it backs off for a retry.
                                 in_order.close()
                                 raise
                 except Misspeculated as exc:
@@ -497,12 +499,25 @@ class PostgresRepository:
                         logger.exception("an after-commit step failed; the in-memory index may lag")
                 return result
 
-    def in_commit_order(self) -> contextlib.AbstractContextManager[object]:
-        """Held while what a read found is applied to the in-memory tables: no write of this
-        daemon is then between its COMMIT and its after-commit steps, so each commit the read
-        saw has moved the tables already (a link count the read includes is not moved again
-        by its write's delta), and this daemon's writes apply in the order they committed."""
-        return self._commit_order
+    def wait_for_commits(self) -> None:
+        """Return once each write of this daemon that had sent its COMMIT by now has run its
+        after-commit steps (or failed). Not a lock: writes committing meanwhile go on, and a
+        COMMIT that hangs on a silent server holds up no other write, only this wait, until
+        the liveness watch ends it."""
+        with self._committed:
+            waiting = set(self._committing)
+            self._committed.wait_for(lambda: not waiting & self._committing)
+
+    def _entered_commit(self) -> int:
+        ticket = next(self._tickets)
+        with self._committed:
+            self._committing.add(ticket)
+        return ticket
+
+    def _left_commit(self, ticket: int) -> None:
+        with self._committed:
+            self._committing.discard(ticket)
+            self._committed.notify_all()
 
     def change_cursor(self) -> int:
         """Where a daemon that loads its tables now starts following the change log: every

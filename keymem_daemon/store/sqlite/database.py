@@ -280,10 +280,9 @@ class Store:
                 st = os.stat(f"{self.path}{suffix}")
                 self._identity[suffix] = (st.st_dev, st.st_ino)
 
-    def in_commit_order(self) -> contextlib.AbstractContextManager[object]:
-        """Nothing to hold: the one writer thread commits and runs the after-commit steps of
-        one write at a time."""
-        return contextlib.nullcontext()
+    def wait_for_commits(self) -> None:
+        """Nothing to wait for: the one writer thread commits and runs the after-commit steps
+        of one write at a time, and no change log is followed."""
 
     def check_files(self) -> str | None:
         """Why the files this store opened are no longer the ones at its path (None: they
